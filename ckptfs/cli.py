@@ -1,0 +1,174 @@
+"""The `ckptfs` command line: mount, umount.
+
+Every check that can fail on bad input runs here, in the calling process,
+before anything is mounted, so the user sees one clear line and a non-zero
+exit. `mount` then starts the daemon detached (or in the foreground with
+--foreground) and returns only once the mount is live: the daemon reports
+"OK" or its error through a pipe.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import subprocess
+import sys
+import time
+
+from .arena import DEFAULT_CHUNK
+from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
+from .errors import UsageError
+from .sizes import parse_size
+
+DEFAULT_MEMORY = "25%"
+
+
+def _log_path(mountpoint: str) -> str:
+    base = os.environ.get("CKPTFS_LOG_DIR") or ("/var/log/ckptfs" if os.getuid() == 0 else "/tmp")
+    os.makedirs(base, exist_ok=True)
+    return os.path.join(base, "ckptfs" + mountpoint.replace("/", "-") + ".log")
+
+
+def _mount(args) -> int:
+    from .daemon import MountConfig, serve
+
+    memory = parse_size(args.memory, what="--memory")
+    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    check_memory(memory)
+    mp = check_mountpoint(args.mountpoint)
+    check_fuse_device()
+    devices = check_devices(args.devices)
+    cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
+                      chunk_size=chunk, capacity=sum(d.size for d in devices),
+                      ready_fd=args.ready_fd)
+    if args.foreground:
+        logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return serve(cfg)
+    return _spawn_daemon(args, mp)
+
+
+def _spawn_daemon(args, mp: str) -> int:
+    log_path = args.log_file or _log_path(mp)
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
+           "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
+           "--log-level", args.log_level, "--ready-fd", str(w)]
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                pass_fds=(w,), start_new_session=True)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        reply = pipe.read().decode(errors="replace").strip()
+    if reply == "OK":
+        print(f"ckptfs mounted at {mp} (daemon pid {proc.pid}, log {log_path})")
+        return 0
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if not reply:
+        reply = f"the daemon exited with status {proc.returncode} before mounting; see {log_path}"
+    raise UsageError(reply, 1)
+
+
+def daemon_pid(mountpoint: str) -> int:
+    try:
+        return int(os.getxattr(mountpoint, "user.ckptfs.pid"))
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            return -1
+        raise UsageError(f"{mountpoint} is not a ckptfs mount", 1) from None
+
+
+def _umount(args) -> int:
+    mp = os.path.abspath(args.mountpoint)
+    try:
+        os.stat(mp)
+    except FileNotFoundError:
+        raise UsageError(f"{mp} does not exist", 1) from None
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            raise UsageError(f"cannot use {mp}: {e.strerror}", 1) from None
+    stale = False
+    if os.path.ismount(mp) or _is_stale(mp):
+        pid = daemon_pid(mp)
+        stale = pid < 0
+    else:
+        raise UsageError(f"{mp} is not mounted", 1)
+    cmd = ["fusermount3", "-u"] + (["-z"] if stale else []) + [mp]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "fusermount3 failed"
+        raise UsageError(f"cannot unmount {mp}: {msg}", 1)
+    if not stale:
+        _wait_exit(pid, args.timeout)
+    print(f"ckptfs unmounted {mp}" + (" (stale mount cleared)" if stale else ""))
+    return 0
+
+
+def _is_stale(mp: str) -> bool:
+    try:
+        os.stat(mp)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
+def _wait_exit(pid: int, timeout: float | None) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and _alive(pid):
+        if deadline is not None and time.monotonic() > deadline:
+            raise UsageError(f"daemon {pid} is still running after {timeout:g}s", 1)
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ckptfs", description="A checkpoint filesystem for deep-learning training.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount ckptfs at MOUNTPOINT")
+    m.add_argument("mountpoint")
+    m.add_argument("--devices", required=True, help="comma-separated block devices or files")
+    m.add_argument("--memory", default=DEFAULT_MEMORY, help="memory budget: 512M, 32G, 25%% of RAM (default %(default)s)")
+    m.add_argument("--chunk-size", default=str(DEFAULT_CHUNK), help="chunk (stripe unit) size, power of two (default 1M)")
+    m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (containers, debugging)")
+    m.add_argument("--log-file", help="daemon log file (default /var/log/ckptfs/ckptfs-<mountpoint>.log)")
+    m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    m.set_defaults(func=_mount)
+
+    u = sub.add_parser("umount", help="unmount, waiting for the daemon to finish")
+    u.add_argument("mountpoint")
+    u.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    u.set_defaults(func=_umount)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"ckptfs {args.command}: {e}", file=sys.stderr)
+        if getattr(args, "ready_fd", None) is not None:
+            try:
+                os.write(args.ready_fd, str(e).encode() + b"\n")
+            except OSError:
+                pass
+        return e.status
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

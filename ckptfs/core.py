@@ -1,0 +1,258 @@
+"""The filesystem core: namespace + file contents + open handles, without FUSE.
+
+`Filesystem` is what the FUSE adapter calls. Its methods take plain values
+(inode numbers, bytes names, ints) and return `Inode` objects or buffers; they
+raise `FsError` with the errno to report. Nothing here blocks: a write that
+finds the arena full raises `NoSpace`; whether the caller then fails or waits
+for the drain to free room is the adapter's business. That keeps this module
+testable byte by byte with no mount.
+
+Open handles remember how the file was opened (append, writable). Files
+opened for writing are served with direct_io (no page cache in front, the
+fast path measured in field-notes.md); read-only opens may keep the kernel
+page cache when the data has not changed since the previous read-only open,
+so mmap readers (safetensors, torch.load(mmap=True)) work and stay coherent.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .arena import Arena
+from .errors import fs_error
+from .filemap import FileData
+from .namespace import Inode, Namespace
+
+FRSIZE = 4096
+
+
+@dataclass
+class Handle:
+    fh: int
+    inode: Inode
+    writable: bool
+    append: bool
+
+
+@dataclass(frozen=True)
+class OpenResult:
+    fh: int
+    direct_io: bool
+    keep_cache: bool
+
+
+@dataclass(frozen=True)
+class FsStat:
+    frsize: int
+    blocks: int
+    bfree: int
+    files: int
+    ffree: int
+    namemax: int = 255
+
+
+class Filesystem:
+    def __init__(self, arena: Arena, *, capacity_bytes: int, uid: int = 0, gid: int = 0,
+                 clock: Callable[[], int] = time.time_ns):
+        self.arena = arena
+        self.capacity_bytes = capacity_bytes
+        self.clock = clock
+        self.ns = Namespace(uid=uid, gid=gid, clock=clock, on_drop=self._on_drop)
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._cached_version: dict[int, int] = {}  # ino -> data version the page cache holds
+        self._writers: dict[int, int] = {}  # ino -> open writable handles
+
+    # ---- lifetime ------------------------------------------------------
+    def _on_drop(self, inode: Inode) -> None:
+        if inode.data is not None:
+            inode.data.clear()
+            inode.data = None
+        self._cached_version.pop(inode.ino, None)
+
+    def _new_handle(self, inode: Inode, flags: int) -> OpenResult:
+        acc = flags & os.O_ACCMODE
+        writable = acc in (os.O_WRONLY, os.O_RDWR)
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(fh, inode, writable, bool(flags & os.O_APPEND))
+        inode.opens += 1
+        if writable:
+            self._writers[inode.ino] = self._writers.get(inode.ino, 0) + 1
+            return OpenResult(fh, direct_io=True, keep_cache=False)
+        keep = (not self._writers.get(inode.ino)
+                and self._cached_version.get(inode.ino) == inode.version)
+        self._cached_version[inode.ino] = inode.version
+        return OpenResult(fh, direct_io=False, keep_cache=keep)
+
+    def handle(self, fh: int) -> Handle:
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise fs_error(errno.EBADF) from None
+
+    # ---- namespace -----------------------------------------------------
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        return self.ns.lookup(parent, name)
+
+    def getattr(self, ino: int) -> Inode:
+        return self.ns.get(ino)
+
+    def _make(self, parent: int, name: bytes, mode: int, uid: int, gid: int, **kw) -> Inode:
+        inode = self.ns.make(parent, name, mode, uid, gid, **kw)
+        if inode.is_reg:
+            inode.data = FileData(self.arena)
+        return inode
+
+    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
+        if stat.S_IFMT(mode) == 0:
+            mode |= stat.S_IFREG
+        if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+            raise fs_error(errno.EINVAL)
+        return self._make(parent, name, mode, uid, gid, rdev=rdev)
+
+    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        return self._make(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+        if len(target) > 4095:
+            raise fs_error(errno.ENAMETOOLONG)
+        return self._make(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=bytes(target))
+
+    def readlink(self, ino: int) -> bytes:
+        inode = self.ns.get(ino)
+        if not stat.S_ISLNK(inode.mode):
+            raise fs_error(errno.EINVAL)
+        return inode.target
+
+    def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+               ) -> tuple[OpenResult, Inode]:
+        inode = self._make(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        return self._new_handle(inode, flags), inode
+
+    def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        return self.ns.link(ino, parent, name)
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        self.ns.unlink(parent, name)
+
+    def rmdir(self, parent: int, name: bytes) -> None:
+        self.ns.rmdir(parent, name)
+
+    def rename(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int = 0) -> None:
+        self.ns.rename(p_old, n_old, p_new, n_new, flags)
+
+    def forget(self, ino: int, n: int) -> None:
+        self.ns.forget(ino, n)
+
+    def readdir(self, ino: int, after: int) -> Iterator[tuple[bytes, Inode, int]]:
+        d = self.ns.dir_of(ino).dir
+        for name, child, cookie in d.list_from(after):
+            yield name, self.ns.inodes[child], cookie
+
+    def opendir(self, ino: int) -> int:
+        self.ns.dir_of(ino)
+        return ino
+
+    # ---- attributes ----------------------------------------------------
+    def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
+                gid: int | None = None, size: int | None = None, atime_ns: int | None = None,
+                mtime_ns: int | None = None) -> Inode:
+        inode = self.ns.get(ino)
+        if size is not None:
+            self.truncate(inode, size)
+        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
+            self.ns.setattr(ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
+        return inode
+
+    def truncate(self, inode: Inode, size: int) -> None:
+        if inode.is_dir:
+            raise fs_error(errno.EISDIR)
+        if not inode.is_reg:
+            raise fs_error(errno.EINVAL)
+        if size < 0:
+            raise fs_error(errno.EINVAL)
+        if size < inode.size:
+            inode.data.truncate(size)
+        inode.size = size
+        inode.version += 1
+        now = self.clock()
+        inode.mtime_ns = inode.ctime_ns = now
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.ns.get(ino).xattrs.get(name)
+        if value is None:
+            raise fs_error(errno.ENODATA)
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return list(self.ns.get(ino).xattrs)
+
+    def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self.ns.setxattr(ino, name, value)
+
+    def removexattr(self, ino: int, name: bytes) -> None:
+        self.ns.removexattr(ino, name)
+
+    # ---- data ----------------------------------------------------------
+    def open(self, ino: int, flags: int) -> OpenResult:
+        inode = self.ns.get(ino)
+        if inode.is_dir:
+            raise fs_error(errno.EISDIR)
+        if not inode.is_reg:
+            raise fs_error(errno.ENXIO if not stat.S_ISLNK(inode.mode) else errno.ELOOP)
+        result = self._new_handle(inode, flags)
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and inode.size:
+            self.truncate(inode, 0)
+        return result
+
+    def read(self, fh: int, off: int, size: int):
+        inode = self.handle(fh).inode
+        return inode.data.read(off, size, inode.size)
+
+    def write(self, fh: int, off: int, buf) -> int:
+        """Write `buf` at `off` (at EOF for O_APPEND); short only when the arena filled up."""
+        h = self.handle(fh)
+        if not h.writable:
+            raise fs_error(errno.EBADF)
+        inode = h.inode
+        if h.append:
+            off = inode.size
+        n = inode.data.write(off, buf)
+        if off + n > inode.size:
+            inode.size = off + n
+        inode.version += 1
+        inode.mtime_ns = inode.ctime_ns = self.clock()
+        return n
+
+    def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is None:
+            return
+        inode = h.inode
+        inode.opens -= 1
+        if h.writable:
+            left = self._writers[inode.ino] - 1
+            if left:
+                self._writers[inode.ino] = left
+            else:
+                del self._writers[inode.ino]
+        self.ns.maybe_drop(inode)
+
+    # ---- whole filesystem ----------------------------------------------
+    def statfs(self) -> FsStat:
+        used = self.arena.used_slots * self.arena.chunk_size
+        blocks = self.capacity_bytes // FRSIZE
+        free = max(0, self.capacity_bytes - used) // FRSIZE
+        return FsStat(FRSIZE, blocks, free, 1 << 32, (1 << 32) - len(self.ns.inodes))
+
+    def check_invariants(self) -> None:
+        self.ns.check_invariants()
+        self.arena.check_invariants()
+        owned = [c.slot for i in self.ns.inodes.values() if i.data is not None for c in i.data.chunks.values()]
+        assert len(owned) == len(set(owned)), "slot owned by two chunks"
+        assert len(owned) + self.arena.free_slots == self.arena.nslots, "leaked arena slots"
