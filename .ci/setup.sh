@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything ckptfs and its tests need on a fresh Debian machine (as root):
+# apt packages for FUSE, then a virtual environment with the package and its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PKGS="fuse3 libfuse3-dev pkg-config gcc e2fsprogs util-linux"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  else
+    echo "ckptfs setup: missing apt packages:$missing (run as root or: sudo apt-get install$missing)" >&2
+    exit 1
+  fi
+fi
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
+  echo "ckptfs setup: Python 3.11+ is required ($("$PY" --version))" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+"$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c' || { echo "ckptfs setup: install failed" >&2; exit 1; }

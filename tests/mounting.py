@@ -1,0 +1,115 @@
+"""Test helpers: mount ckptfs for real through its CLI, over file-backed devices.
+
+`CkptMount` drives the same commands a user types (`python -m ckptfs mount`,
+`umount`), so tests exercise the CLI, the daemon and the FUSE layer together.
+`close()` always leaves nothing mounted and no daemon running, even after a
+failed test or a killed daemon.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HAVE_FUSE = os.path.exists("/dev/fuse") and os.geteuid() == 0
+needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
+
+
+def ckptfs(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run the ckptfs CLI as a user would; returns the completed process (text output)."""
+    res = subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True,
+                         timeout=timeout, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(f"ckptfs {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+    return res
+
+
+def is_mounted(path: str | Path) -> bool:
+    path = os.path.realpath(str(path))
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def make_devices(root: Path, n: int, size: int) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    devs = []
+    for i in range(n):
+        p = root / f"dev{i}.img"
+        with open(p, "wb") as f:
+            f.truncate(size)
+        devs.append(p)
+    return devs
+
+
+class CkptMount:
+    def __init__(self, root: Path, *, ndev: int = 2, dev_size: int = 1 << 30, memory: str = "512M",
+                 extra: tuple[str, ...] = ()):
+        self.root = Path(root)
+        self.path = self.root / "mnt"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.devices = make_devices(self.root / "devices", ndev, dev_size)
+        self.memory = memory
+        self.extra = tuple(extra)
+        self.pid: int | None = None
+        self.log = self.root / "daemon.log"
+
+    @property
+    def device_arg(self) -> str:
+        return ",".join(str(d) for d in self.devices)
+
+    def mount(self, *more: str) -> None:
+        res = ckptfs("mount", str(self.path), "--devices", self.device_arg, "--memory", self.memory,
+                     "--log-file", str(self.log), *self.extra, *more)
+        if res.returncode != 0:
+            raise AssertionError(f"mount failed ({res.returncode}): {res.stderr}\n{self.log_text()}")
+        self.pid = int(os.getxattr(self.path, "user.ckptfs.pid"))
+
+    def umount(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        res = ckptfs("umount", str(self.path), timeout=timeout)
+        if res.returncode == 0:
+            self.pid = None
+        return res
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash) and clear the dead mount it leaves."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _wait_gone(self.pid)
+            self.pid = None
+        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if is_mounted(self.path):
+            res = self.umount(timeout=120) if self.pid is not None else None
+            if res is None or res.returncode != 0:
+                self.kill()
+        elif self.pid is not None:
+            self.kill()
+        assert not is_mounted(self.path)
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1][0] == "Z":
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.02)
