@@ -1,4 +1,4 @@
-"""The `ckptfs` command line: mount, umount.
+"""The `ckptfs` command line: format, mount, umount, sync, fsck.
 
 Every check that can fail on bad input runs here, in the calling process,
 before anything is mounted, so the user sees one clear line and a non-zero
@@ -39,9 +39,15 @@ def _mount(args) -> int:
     mp = check_mountpoint(args.mountpoint)
     check_fuse_device()
     devices = check_devices(args.devices)
+    if args.queue_depth < 1:
+        raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
+    if not args.format:
+        from .pool import open_pool
+        open_pool([d.path for d in devices]).close()  # refuse a bad pool here, with its message
     cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
                       chunk_size=chunk, capacity=sum(d.size for d in devices),
-                      ready_fd=args.ready_fd)
+                      ready_fd=args.ready_fd, format=args.format, queue_depth=args.queue_depth,
+                      fsync_absorb=args.fsync == "absorb")
     if args.foreground:
         logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,7 +60,8 @@ def _spawn_daemon(args, mp: str) -> int:
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
-           "--log-level", args.log_level, "--ready-fd", str(w)]
+           "--log-level", args.log_level, "--queue-depth", str(args.queue_depth),
+           "--fsync", args.fsync, "--ready-fd", str(w)] + (["--format"] if args.format else [])
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -71,6 +78,64 @@ def _spawn_daemon(args, mp: str) -> int:
     if not reply:
         reply = f"the daemon exited with status {proc.returncode} before mounting; see {log_path}"
     raise UsageError(reply, 1)
+
+
+def _format(args) -> int:
+    from .layout import DEFAULT_JOURNAL_HALF
+    from .pool import format_pool
+
+    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    if chunk < 4096 or chunk & (chunk - 1):
+        raise UsageError(f"bad --chunk-size {args.chunk_size}: must be a power of two of at least 4K")
+    half = parse_size(args.journal_size, what="--journal-size") // 2 if args.journal_size else DEFAULT_JOURNAL_HALF
+    half = max(1 << 20, half // 4096 * 4096)
+    devices = check_devices(args.devices)
+    for d in devices:
+        if os.path.realpath(d.path) in _mounted_sources():
+            raise UsageError(f"device {d.path} is mounted: refusing to format it", 1)
+    sbs = format_pool([d.path for d in devices], chunk_size=chunk, journal_half=half, force=args.force)
+    pool = sbs[0].pool_id.hex()
+    for d, sb in zip(devices, sbs):
+        print(f"{d.path}: device {sb.index} of {sb.count}, {sb.data_units} data units of "
+              f"{sb.chunk_size} bytes, journal 2 x {sb.journal_half} bytes")
+    total = sum(sb.data_units for sb in sbs) * chunk
+    print(f"formatted ckptfs pool {pool}: {len(sbs)} device(s), {total / (1 << 30):.2f} GiB for data")
+    return 0
+
+
+def _mounted_sources() -> set[str]:
+    try:
+        with open("/proc/self/mounts") as f:
+            return {os.path.realpath(line.split()[0]) for line in f if line.startswith("/")}
+    except OSError:
+        return set()
+
+
+def _fsck(args) -> int:
+    from .pool import fsck
+
+    devices = check_devices(args.devices)
+    problems = fsck([d.path for d in devices])
+    for p in problems:
+        print(f"problem: {p}")
+    if problems:
+        print(f"fsck: {len(problems)} problem(s) found")
+        return 1
+    print("fsck: pool is clean: journal replays, every extent checksum matches")
+    return 0
+
+
+def _sync(args) -> int:
+    mp = os.path.abspath(args.mountpoint)
+    daemon_pid(mp)
+    fd = os.open(mp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise UsageError(f"sync of {mp} failed: {e.strerror}", 1) from None
+    finally:
+        os.close(fd)
+    return 0
 
 
 def daemon_pid(mountpoint: str) -> int:
@@ -97,6 +162,8 @@ def _umount(args) -> int:
         stale = pid < 0
     else:
         raise UsageError(f"{mp} is not mounted", 1)
+    if not stale:
+        _sync(args)  # drain while still mounted, so a device error is reported here
     cmd = ["fusermount3", "-u"] + (["-z"] if stale else []) + [mp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -144,8 +211,27 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (containers, debugging)")
     m.add_argument("--log-file", help="daemon log file (default /var/log/ckptfs/ckptfs-<mountpoint>.log)")
     m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    m.add_argument("--format", action="store_true", help="format the devices first (destroys their contents)")
+    m.add_argument("--fsync", choices=["durable", "absorb"], default="durable",
+                   help="durable (default): fsync waits for the devices; absorb: fsync returns at once")
+    m.add_argument("--queue-depth", type=int, default=8, help="I/Os in flight per device (default 8)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
+
+    f = sub.add_parser("format", help="format devices as a ckptfs pool")
+    f.add_argument("--devices", required=True, help="comma-separated block devices or files")
+    f.add_argument("--chunk-size", default=str(DEFAULT_CHUNK), help="stripe unit, power of two (default 1M)")
+    f.add_argument("--journal-size", default=None, help="journal size per device (default 64M)")
+    f.add_argument("--force", action="store_true", help="format even over another filesystem or data")
+    f.set_defaults(func=_format)
+
+    k = sub.add_parser("fsck", help="replay the journal and verify every extent checksum")
+    k.add_argument("--devices", required=True)
+    k.set_defaults(func=_fsck)
+
+    y = sub.add_parser("sync", help="make everything in the mount durable, then return")
+    y.add_argument("mountpoint")
+    y.set_defaults(func=_sync)
 
     u = sub.add_parser("umount", help="unmount, waiting for the daemon to finish")
     u.add_argument("mountpoint")

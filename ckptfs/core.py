@@ -24,10 +24,32 @@ from typing import Callable, Iterator
 
 from .arena import Arena
 from .errors import fs_error
-from .filemap import FileData
+from .filemap import ChunkOwner, FileData, MemoryOwner
 from .namespace import Inode, Namespace
 
 FRSIZE = 4096
+
+
+class Durability:
+    """What the core tells the layer that makes things durable; this one does nothing.
+
+    `record` hears every namespace mutation (the namespace observer), `dirtied`
+    every change to a file's data, `closed` each point where a file's contents
+    become a commit (last close of a writer, a truncate with no writer open).
+    """
+
+    def record(self, op: str, *args) -> None:
+        pass
+
+    def dirtied(self, inode: Inode) -> None:
+        pass
+
+    def closed(self, inode: Inode) -> None:
+        pass
+
+    def usage(self) -> tuple[int, int] | None:
+        """(capacity, used) bytes of the devices, or None when data lives only in memory."""
+        return None
 
 
 @dataclass
@@ -57,11 +79,16 @@ class FsStat:
 
 class Filesystem:
     def __init__(self, arena: Arena, *, capacity_bytes: int, uid: int = 0, gid: int = 0,
-                 clock: Callable[[], int] = time.time_ns):
+                 clock: Callable[[], int] = time.time_ns, owner: ChunkOwner | None = None,
+                 durability: Durability | None = None, ns: Namespace | None = None):
         self.arena = arena
         self.capacity_bytes = capacity_bytes
         self.clock = clock
-        self.ns = Namespace(uid=uid, gid=gid, clock=clock, on_drop=self._on_drop)
+        self.owner = owner or MemoryOwner(arena)
+        self.durability = durability or Durability()
+        self.ns = ns or Namespace(uid=uid, gid=gid, clock=clock)
+        self.ns.on_drop = self._on_drop
+        self.ns.observer = self.durability.record
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._cached_version: dict[int, int] = {}  # ino -> data version the page cache holds
@@ -105,7 +132,7 @@ class Filesystem:
     def _make(self, parent: int, name: bytes, mode: int, uid: int, gid: int, **kw) -> Inode:
         inode = self.ns.make(parent, name, mode, uid, gid, **kw)
         if inode.is_reg:
-            inode.data = FileData(self.arena)
+            inode.data = FileData(self.owner, inode.ino)
         return inode
 
     def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
@@ -182,6 +209,9 @@ class Filesystem:
         inode.version += 1
         now = self.clock()
         inode.mtime_ns = inode.ctime_ns = now
+        self.durability.dirtied(inode)
+        if not self._writers.get(inode.ino):
+            self.durability.closed(inode)
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
         value = self.ns.get(ino).xattrs.get(name)
@@ -227,6 +257,7 @@ class Filesystem:
             inode.size = off + n
         inode.version += 1
         inode.mtime_ns = inode.ctime_ns = self.clock()
+        self.durability.dirtied(inode)
         return n
 
     def release(self, fh: int) -> None:
@@ -241,13 +272,15 @@ class Filesystem:
                 self._writers[inode.ino] = left
             else:
                 del self._writers[inode.ino]
+            self.durability.closed(inode)
         self.ns.maybe_drop(inode)
 
     # ---- whole filesystem ----------------------------------------------
     def statfs(self) -> FsStat:
-        used = self.arena.used_slots * self.arena.chunk_size
-        blocks = self.capacity_bytes // FRSIZE
-        free = max(0, self.capacity_bytes - used) // FRSIZE
+        usage = self.durability.usage()
+        capacity, used = usage or (self.capacity_bytes, self.arena.used_slots * self.arena.chunk_size)
+        blocks = capacity // FRSIZE
+        free = max(0, capacity - used) // FRSIZE
         return FsStat(FRSIZE, blocks, free, 1 << 32, (1 << 32) - len(self.ns.inodes))
 
     def check_invariants(self) -> None:

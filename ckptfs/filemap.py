@@ -1,36 +1,103 @@
-"""A file's contents: a sparse map from chunk index to arena slot.
+"""A file's contents: a sparse map from chunk index to `Chunk`. Pure.
 
 Byte `b` of a file lives in chunk `b // chunk_size` at offset
-`b % chunk_size`. A missing chunk is a hole and reads as zeros. Each present
-chunk records `hwm`, its high-water mark: bytes at or above it have never
-been written since the slot was handed out, so they read as zeros and are
-zero-filled only when a later write skips over them. That keeps a fresh slot
-from being memset on the hot path.
+`b % chunk_size`. A missing chunk is a hole and reads as zeros. A chunk holds
+its bytes in an arena slot, on a device extent, or both:
 
-Pure: no I/O, no trio. The arena is passed in; running out of slots raises
-NoSpace after whatever part of the write fit (the caller reports a short
-write, as POSIX allows).
+    slot     arena slot with the bytes, or None once evicted (then `extent` has them)
+    hwm      high-water mark: bytes at or above it read as zeros (a fresh slot is
+             never memset; gaps are zero-filled only when a later write skips them)
+    gen      bumped by every change; `extent` is a copy of generation `extent_gen`
+    pins     pending journal records that captured this chunk; a pinned chunk is
+             frozen, and a write to it copies it first (copy-on-write in memory)
+
+Chunk lifecycle and device space are the owner's business (`ChunkOwner`): it
+hands out slots (evicting clean chunks or raising NoSpace), hears when a
+chunk changed (to queue it for the drain, to drop a stale extent), and when a
+chunk left the map. `MemoryOwner` is the owner of a memory-only mount.
+
+Data that is not in memory cannot be served synchronously: read and write
+raise `NeedsFetch(chunks)` and the caller loads them and retries.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from .arena import Arena
 from .errors import NoSpace
 
 
 class Chunk:
-    __slots__ = ("slot", "hwm")
+    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "ino", "idx")
 
-    def __init__(self, slot: int):
+    def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
-        self.hwm = 0  # INVARIANT: bytes [hwm, chunk_size) of the slot are unspecified and read as zero
+        self.hwm = 0
+        self.gen = 0
+        self.extent = None  # journal.Extent of the copy on a device
+        self.extent_gen = -1
+        self.pins = 0
+        self.live = True  # still in its file's map
+        self.queued = False  # waiting in the drain queue
+        self.ino = ino
+        self.idx = idx
+
+    @property
+    def drained(self) -> bool:
+        return self.extent is not None and self.extent_gen == self.gen
+
+    def __repr__(self) -> str:
+        return (f"Chunk(ino={self.ino}, idx={self.idx}, slot={self.slot}, hwm={self.hwm}, gen={self.gen}, "
+                f"drained={self.drained}, pins={self.pins}, live={self.live})")
+
+
+class NeedsFetch(Exception):
+    """The chunks' bytes are only on a device: load them, then retry."""
+
+    def __init__(self, chunks: list[Chunk]):
+        super().__init__(f"{len(chunks)} chunk(s) not in memory")
+        self.chunks = chunks
+
+
+class ChunkOwner(Protocol):
+    chunk_size: int
+
+    def alloc_slot(self) -> int: ...
+    def view(self, slot: int) -> memoryview: ...
+    def chunk_changed(self, chunk: Chunk) -> None: ...
+    def chunk_dropped(self, chunk: Chunk) -> None: ...
+
+
+class MemoryOwner:
+    """The owner for a memory-only mount: slots straight from the arena, no drain."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+        self.chunk_size = arena.chunk_size
+
+    def alloc_slot(self) -> int:
+        return self.arena.alloc_nowait()
+
+    def view(self, slot: int) -> memoryview:
+        return self.arena.view(slot)
+
+    def chunk_changed(self, chunk: Chunk) -> None:
+        pass
+
+    def chunk_dropped(self, chunk: Chunk) -> None:
+        chunk.live = False
+        if chunk.pins == 0 and chunk.slot is not None:
+            self.arena.free(chunk.slot)
+            chunk.slot = None
 
 
 class FileData:
-    def __init__(self, arena: Arena):
-        self._arena = arena
-        self._cs = arena.chunk_size
+    def __init__(self, owner: ChunkOwner | Arena, ino: int = 0):
+        if isinstance(owner, Arena):
+            owner = MemoryOwner(owner)
+        self.owner = owner
+        self.ino = ino
+        self._cs = owner.chunk_size
         self.chunks: dict[int, Chunk] = {}
         self._zeros = memoryview(bytes(self._cs))
 
@@ -48,31 +115,63 @@ class FileData:
             yield idx, inner, n
             off += n
 
+    def _writable_chunk(self, idx: int, whole: bool) -> Chunk:
+        """The chunk at `idx`, ready to be written in place (allocating or copying as needed)."""
+        chunk = self.chunks.get(idx)
+        if chunk is None:
+            chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
+            self.chunks[idx] = chunk
+            return chunk
+        if chunk.slot is None and not whole:
+            raise NeedsFetch([chunk])
+        if chunk.pins or chunk.slot is None:
+            fresh = Chunk(self.owner.alloc_slot(), self.ino, idx)
+            if chunk.slot is not None and chunk.hwm:
+                self.owner.view(fresh.slot)[:chunk.hwm] = self.owner.view(chunk.slot)[:chunk.hwm]
+                fresh.hwm = chunk.hwm
+            self.chunks[idx] = fresh
+            self.owner.chunk_dropped(chunk)
+            return fresh
+        return chunk
+
     def write(self, off: int, buf) -> int:
-        """Copy `buf` to file offset `off`; returns the bytes written (short only on NoSpace)."""
+        """Copy `buf` to file offset `off`; returns the bytes written (short only on NoSpace/NeedsFetch)."""
         src = memoryview(buf).cast("B")
         done = 0
         for idx, inner, n in self._pieces(off, len(src)):
-            chunk = self.chunks.get(idx)
-            if chunk is None:
-                try:
-                    chunk = self.chunks[idx] = Chunk(self._arena.alloc_nowait())
-                except NoSpace:
-                    if done:
-                        return done
-                    raise
-            dst = self._arena.view(chunk.slot)
+            try:
+                chunk = self._writable_chunk(idx, whole=(inner == 0 and n == self._cs))
+            except (NoSpace, NeedsFetch):
+                if done:
+                    return done
+                raise
+            dst = self.owner.view(chunk.slot)
             if inner > chunk.hwm:
                 dst[chunk.hwm:inner] = self._zeros[:inner - chunk.hwm]
             dst[inner:inner + n] = src[done:done + n]
             if inner + n > chunk.hwm:
                 chunk.hwm = inner + n
+            chunk.gen += 1
+            self.owner.chunk_changed(chunk)
             done += n
         return done
+
+    def missing(self, off: int, size: int, file_size: int) -> list[Chunk]:
+        """Chunks in the range whose bytes are only on a device."""
+        size = max(0, min(size, file_size - off))
+        out = []
+        for idx, _, _ in self._pieces(off, size):
+            chunk = self.chunks.get(idx)
+            if chunk is not None and chunk.slot is None and chunk.hwm:
+                out.append(chunk)
+        return out
 
     def read(self, off: int, size: int, file_size: int):
         """Up to `size` bytes at `off`, clipped to `file_size`: a memoryview when one piece suffices."""
         size = max(0, min(size, file_size - off))
+        missing = self.missing(off, size, file_size)
+        if missing:
+            raise NeedsFetch(missing)
         parts = []
         for idx, inner, n in self._pieces(off, size):
             chunk = self.chunks.get(idx)
@@ -80,7 +179,7 @@ class FileData:
                 parts.append(self._zeros[:n])
                 continue
             have = min(n, chunk.hwm - inner)
-            parts.append(self._arena.view(chunk.slot)[inner:inner + have])
+            parts.append(self.owner.view(chunk.slot)[inner:inner + have])
             if have < n:
                 parts.append(self._zeros[:n - have])
         if len(parts) == 1:
@@ -92,12 +191,18 @@ class FileData:
         cs = self._cs
         keep_idx, inner = divmod(new_size, cs)
         for idx in [i for i in self.chunks if i > keep_idx or (i == keep_idx and inner == 0)]:
-            self._arena.free(self.chunks.pop(idx).slot)
+            self.owner.chunk_dropped(self.chunks.pop(idx))
         chunk = self.chunks.get(keep_idx)
         if chunk is not None and chunk.hwm > inner:
+            if chunk.slot is None:
+                raise NeedsFetch([chunk])
+            if chunk.pins:
+                chunk = self._writable_chunk(keep_idx, whole=False)
             chunk.hwm = inner
+            chunk.gen += 1
+            self.owner.chunk_changed(chunk)
 
     def clear(self) -> None:
         for chunk in self.chunks.values():
-            self._arena.free(chunk.slot)
+            self.owner.chunk_dropped(chunk)
         self.chunks.clear()

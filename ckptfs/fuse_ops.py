@@ -23,7 +23,8 @@ from typing import Awaitable, Callable
 import pyfuse3
 
 from .core import Filesystem
-from .errors import NoSpace, errno_of
+from .errors import NoSpace, errno_of, fs_error
+from .filemap import NeedsFetch
 from .namespace import Inode
 
 log = logging.getLogger("ckptfs.fuse")
@@ -52,6 +53,10 @@ async def _no_room(fs: Filesystem, fh: int) -> bool:
     return False
 
 
+async def _no_fetch(chunks) -> None:
+    raise fs_error(errno.EIO, "data is not in memory and there is no device store")
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -60,10 +65,12 @@ class Operations(pyfuse3.Operations):
     def __init__(self, fs: Filesystem, *,
                  wait_for_room: Callable[[Filesystem, int], Awaitable[bool]] = _no_room,
                  virtual_xattrs: dict[bytes, Callable[[int], bytes]] | None = None,
-                 on_fsync: Callable[[int | None], Awaitable[None]] | None = None):
+                 on_fsync: Callable[[int | None], Awaitable[None]] | None = None,
+                 fetch: Callable[[list], Awaitable[None]] = _no_fetch):
         super().__init__()
         self.fs = fs
         self.wait_for_room = wait_for_room
+        self.fetch = fetch
         self.virtual_xattrs = virtual_xattrs or {}
         self.on_fsync = on_fsync
 
@@ -110,7 +117,11 @@ class Operations(pyfuse3.Operations):
             kw["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             kw["mtime_ns"] = attr.st_mtime_ns
-        return self._attr(self.fs.setattr(inode, **kw))
+        while True:
+            try:
+                return self._attr(self.fs.setattr(inode, **kw))
+            except NeedsFetch as e:
+                await self.fetch(e.chunks)
 
     @_guard
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -185,7 +196,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh, off, size):
-        return self.fs.read(fh, off, size)
+        while True:
+            try:
+                return self.fs.read(fh, off, size)
+            except NeedsFetch as e:
+                await self.fetch(e.chunks)
 
     @_guard
     async def write(self, fh, off, buf):
@@ -194,9 +209,12 @@ class Operations(pyfuse3.Operations):
         while True:
             try:
                 done += self.fs.write(fh, off + done, view[done:])
-                return done
+                if done == len(view):
+                    return done
+            except NeedsFetch as e:
+                await self.fetch(e.chunks)
             except NoSpace:
-                if done or not await self.wait_for_room(self.fs, fh):
+                if not await self.wait_for_room(self.fs, fh):
                     if done:
                         return done
                     raise

@@ -338,7 +338,7 @@ class Namespace:
         inode = self.get(ino)
         now = self.clock() if now is None else now
         if mode is not None:
-            inode.mode = (inode.mode & stat.S_IFMT) | (mode & 0o7777)
+            inode.mode = stat.S_IFMT(inode.mode) | (mode & 0o7777)
         if uid is not None:
             inode.uid = uid
         if gid is not None:

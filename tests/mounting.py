@@ -57,14 +57,18 @@ class CkptMount:
         self.extra = tuple(extra)
         self.pid: int | None = None
         self.log = self.root / "daemon.log"
+        self.formatted = False
 
     @property
     def device_arg(self) -> str:
         return ",".join(str(d) for d in self.devices)
 
     def mount(self, *more: str) -> None:
+        """Mount; the first mount formats the fresh device files."""
+        fmt = () if self.formatted else ("--format",)
         res = ckptfs("mount", str(self.path), "--devices", self.device_arg, "--memory", self.memory,
-                     "--log-file", str(self.log), *self.extra, *more)
+                     "--log-file", str(self.log), *fmt, *self.extra, *more)
+        self.formatted = self.formatted or res.returncode == 0
         if res.returncode != 0:
             raise AssertionError(f"mount failed ({res.returncode}): {res.stderr}\n{self.log_text()}")
         self.pid = int(os.getxattr(self.path, "user.ckptfs.pid"))

@@ -1,0 +1,215 @@
+"""Opening, formatting, recovering and checking a pool of devices.
+
+`format_pool` writes a superblock and an empty journal (a snapshot of the
+root directory) on every device, after refusing devices that hold something
+else. `open_pool` reads the superblocks and refuses a device set that is not
+exactly one pool in the right order. `recover` replays the journal: each
+device carries a mirror of it in two halves; the newest complete half
+(highest epoch whose snapshot was fully written) with the longest valid run
+of frames on any device wins. `fsck` replays and reads every extent back.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import crc32c
+
+from .allocator import Allocator
+from .device import ALIGN, BlockDevice, aligned_buffer, round_up
+from .durable import DurableState
+from .errors import UsageError
+from .filemap import Chunk, FileData
+from .journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
+from .layout import (DEFAULT_JOURNAL_HALF, JOURNAL_OFF, SB_SIZE, FormatError, Superblock,
+                     foreign_signature, make_superblocks, min_device_size)
+from .namespace import ROOT_INO, Namespace
+
+log = logging.getLogger("ckptfs.pool")
+
+
+@dataclass
+class Pool:
+    devices: list[BlockDevice]
+    sbs: list[Superblock]
+
+    def close(self) -> None:
+        for d in self.devices:
+            d.close()
+
+
+@dataclass
+class Recovered:
+    durable: DurableState
+    records: list
+    half: int
+    tail: int
+    seq: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _open_devices(paths: list[str]) -> list[BlockDevice]:
+    devs = []
+    try:
+        for p in paths:
+            devs.append(BlockDevice(p))
+    except Exception:
+        for d in devs:
+            d.close()
+        raise
+    return devs
+
+
+def format_pool(paths: list[str], *, chunk_size: int, journal_half: int = DEFAULT_JOURNAL_HALF,
+                force: bool = False) -> list[Superblock]:
+    devs = _open_devices(paths)
+    try:
+        need = min_device_size(chunk_size, journal_half)
+        for d in devs:
+            if d.size < need:
+                raise UsageError(f"device {d.path} is too small: {d.size} bytes, need at least {need} "
+                                 f"(journal {2 * journal_half} bytes plus one {chunk_size}-byte chunk)", 1)
+            head = bytes(d.pread(1 << 20, 0)) if d.size >= 1 << 20 else bytes(d.pread(round_up(d.size) , 0))
+            found = foreign_signature(head)
+            if found and not force:
+                raise UsageError(f"device {d.path} holds {found}: refusing to overwrite it "
+                                 f"(use --force to format anyway)", 1)
+        sbs = make_superblocks([d.size for d in devs], chunk_size, journal_half, time.time_ns())
+        root = Namespace().get(ROOT_INO)
+        recs = [("begin", 1, ROOT_INO + 1),
+                ("attrs", ROOT_INO, root.mode, 0, 0, root.atime_ns, root.mtime_ns, root.ctime_ns),
+                ("snapend",)]
+        frame = encode_frame(sbs[0].pool_id, 1, 1, recs)
+        zero = aligned_buffer(1 << 20)
+        for d, sb in zip(devs, sbs):
+            d.pwrite(zero, 0)  # clear old signatures in the first MiB
+            d.pwrite(zero[:ALIGN], sb.half_offset(1))  # an older half must not outrank the new one
+            buf = aligned_buffer(len(frame))
+            buf[:len(frame)] = frame
+            d.pwrite(buf, sb.half_offset(0))
+            sbuf = aligned_buffer(SB_SIZE)
+            sbuf[:SB_SIZE] = sb.encode()
+            d.pwrite(sbuf, 0)
+            d.flush()
+        return sbs
+    finally:
+        for d in devs:
+            d.close()
+
+
+def open_pool(paths: list[str]) -> Pool:
+    devs = _open_devices(paths)
+    try:
+        sbs = []
+        for d in devs:
+            try:
+                sbs.append(Superblock.decode(bytes(d.pread(SB_SIZE, 0)), d.path))
+            except FormatError as e:
+                raise UsageError(str(e), 1) from None
+        first = sbs[0]
+        for d, sb, pos in zip(devs, sbs, range(len(devs))):
+            if sb.pool_id != first.pool_id:
+                raise UsageError(f"device {d.path} belongs to another pool than {devs[0].path}", 1)
+            if sb.count != len(devs):
+                raise UsageError(f"device {d.path} is one of a pool of {sb.count} devices, "
+                                 f"but {len(devs)} were given", 1)
+            if sb.index != pos:
+                raise UsageError(f"device {d.path} is device {sb.index} of its pool but was given in "
+                                 f"position {pos}: list the devices in their original order", 1)
+            if sb.chunk_size != first.chunk_size or sb.journal_half != first.journal_half:
+                raise UsageError(f"device {d.path} disagrees with {devs[0].path} on the pool layout", 1)
+            if d.size < sb.device_size:
+                raise UsageError(f"device {d.path} is smaller ({d.size} bytes) than when it was "
+                                 f"formatted ({sb.device_size} bytes)", 1)
+        return Pool(devs, sbs)
+    except Exception:
+        for d in devs:
+            d.close()
+        raise
+
+
+def read_halves(pool: Pool) -> list[list[HalfReplay]]:
+    """replays[device][half]."""
+    out = []
+    for d, sb in zip(pool.devices, pool.sbs):
+        out.append([replay_half(sb.pool_id, bytes(d.pread(sb.journal_half, sb.half_offset(h))))
+                    for h in (0, 1)])
+    return out
+
+
+def recover(pool: Pool) -> Recovered:
+    replays = read_halves(pool)
+    best, best_half, warnings = None, 0, []
+    for d, halves in enumerate(replays):
+        for h, r in enumerate(halves):
+            if r.corrupt_at is not None:
+                warnings.append(f"{pool.devices[d].path}: journal half {h} damaged at offset {r.corrupt_at}; "
+                                f"commits after it are lost on this device")
+            if not r.complete:
+                continue
+            if best is None or (r.epoch, r.last_seq) > (best.epoch, best.last_seq):
+                best, best_half = r, h
+    if best is None:
+        raise UsageError(f"no valid journal on {', '.join(d.path for d in pool.devices)}: "
+                         f"the pool is damaged (run 'ckptfs fsck')", 1)
+    alloc = Allocator([sb.data_units for sb in pool.sbs])
+    durable = DurableState(alloc)
+    try:
+        for rec in best.records:
+            durable.apply(rec)
+    except JournalCorrupt as e:
+        raise UsageError(f"journal replay failed: {e}", 1) from None
+    return Recovered(durable, best.records, best_half, best.tail, best.last_seq, warnings)
+
+
+def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
+    """A namespace for serving, replayed from `records`; file data becomes evicted chunks.
+
+    Replaying through a second DurableState on the same allocator claims each
+    extent a second time: that reference belongs to the live chunk.
+    """
+    live = DurableState(alloc)
+    for rec in records:
+        live.apply(rec)
+    ns = live.ns
+    ns.clock = time.time_ns
+    for inode in ns.inodes.values():
+        if isinstance(inode.data, dict):
+            fd = FileData(owner, inode.ino)
+            for idx, ext in inode.data.items():
+                c = Chunk(None, inode.ino, idx)
+                c.hwm = ext.length
+                c.extent = ext
+                c.extent_gen = 0
+                c.live = True
+                fd.chunks[idx] = c
+            inode.data = fd
+    return ns
+
+
+def fsck(paths: list[str]) -> list[str]:
+    """Problems found (empty when the pool is sound): journal damage, bad or overlapping extents."""
+    problems: list[str] = []
+    pool = open_pool(paths)
+    try:
+        rec = recover(pool)
+        problems.extend(rec.warnings)
+        seen: dict[tuple[int, int], tuple[int, int]] = {}
+        for ino, idx, ext in rec.durable.extents():
+            where = f"inode {ino} chunk {idx} on {pool.devices[ext.dev].path} unit {ext.unit}"
+            key = (ext.dev, ext.unit)
+            if key in seen and seen[key] != (ino, idx):
+                problems.append(f"{where}: unit also used by inode {seen[key][0]} chunk {seen[key][1]}")
+            seen[key] = (ino, idx)
+            try:
+                data = pool.devices[ext.dev].pread(round_up(ext.length), pool.sbs[ext.dev].unit_offset(ext.unit))
+            except Exception as e:  # noqa: BLE001 - every problem is reported
+                problems.append(f"{where}: read failed: {e}")
+                continue
+            if crc32c.crc32c(data[:ext.length]) != ext.crc:
+                problems.append(f"{where}: checksum mismatch")
+        rec.durable.ns.check_invariants()
+    finally:
+        pool.close()
+    return problems
