@@ -25,6 +25,7 @@ from .arena import Arena
 from .core import Filesystem
 from .errors import UsageError
 from .fuse_ops import Operations
+from .layout import DEFAULT_JOURNAL_HALF
 from .pool import format_pool, live_namespace, open_pool, recover
 from .store import Store
 
@@ -42,6 +43,7 @@ class MountConfig:
     format: bool = False
     queue_depth: int = 8
     fsync_absorb: bool = False
+    journal_half: int = DEFAULT_JOURNAL_HALF
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -62,11 +64,15 @@ def _mount_options() -> set[str]:
     return opts
 
 
-def build(cfg: MountConfig) -> tuple[Filesystem, Store]:
-    """Open (formatting if asked) and recover the pool; the core and store, ready to serve."""
+def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, Store]:
+    """Open (formatting if asked) and recover the pool; the core and store, ready to serve.
+
+    `devices` may hold device objects instead of paths (tests pass fault-injecting ones).
+    """
+    devices = devices or cfg.devices
     if cfg.format:
-        format_pool(cfg.devices, chunk_size=cfg.chunk_size)
-    pool = open_pool(cfg.devices)
+        format_pool(devices, chunk_size=cfg.chunk_size, journal_half=cfg.journal_half)
+    pool = open_pool(devices)
     try:
         rec = recover(pool)
     except BaseException:

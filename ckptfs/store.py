@@ -116,6 +116,7 @@ class Store:
         self.bytes_absorbed = 0
         self.bytes_drained = 0
         self.bytes_skipped = 0
+        self.records_voided = 0
 
     def attach(self, ns: Namespace) -> None:
         self.ns = ns
@@ -196,6 +197,7 @@ class Store:
                         self._void(q, p.index)
 
     def _void(self, q: Pending, until: int) -> None:
+        self.records_voided += 1
         q.void = True
         for c in q.chunks.values():
             self._unpin(c)
@@ -287,7 +289,13 @@ class Store:
                 if not (chunk.live or chunk.pins) or chunk.slot is None:
                     self.bytes_skipped += chunk.hwm
                 continue
-            await self._drain_one(dev, chunk)
+            try:
+                await self._drain_one(dev, chunk)
+            except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
+                log.exception("unexpected error draining inode %d chunk %d", chunk.ino, chunk.idx)
+                self.last_error = f"internal error: {e}"
+                self._progress.unpark_all()
+                await trio.sleep(0.5)
 
     async def _drain_one(self, pref: int, chunk: Chunk) -> None:
         try:
@@ -366,7 +374,9 @@ class Store:
             self.in_flight = batch[-1].index
             try:
                 await self._commit(batch)
-            except DeviceError as e:
+            except Exception as e:  # noqa: BLE001 - device errors (and bugs) are retried
+                if not isinstance(e, DeviceError):
+                    log.exception("unexpected error in journal commit")
                 self.last_error = str(e)
                 for p in batch:
                     if p.rec is None:
@@ -402,9 +412,11 @@ class Store:
 
     async def _flush(self, devs: list[int]) -> None:
         self.unflushed.difference_update(devs)
-        async with trio.open_nursery() as n:
-            for d in devs:
-                n.start_soon(self._run_on, d, self.devices[d].flush)
+        try:
+            await _all([(self._run_on, d, self.devices[d].flush) for d in devs])
+        except BaseException:
+            self.unflushed.update(devs)
+            raise
 
     async def _run_on(self, d: int, fn, *args) -> None:
         try:
@@ -417,10 +429,8 @@ class Store:
         from .device import aligned_buffer
         buf = aligned_buffer(len(frame))
         buf[:len(frame)] = frame
-        async with trio.open_nursery() as n:
-            for d, sb in enumerate(self.sbs):
-                n.start_soon(self._run_on, d, self.devices[d].pwrite, buf[:len(frame)],
-                             sb.half_offset(self.half) + offset)
+        await _all([(self._run_on, d, self.devices[d].pwrite, buf[:len(frame)],
+                     sb.half_offset(self.half) + offset) for d, sb in enumerate(self.sbs)])
         await self._flush(list(range(len(self.devices))))
 
     async def compact(self) -> None:
@@ -448,9 +458,8 @@ class Store:
 
     # ---- reads of evicted data -------------------------------------------------
     async def fetch(self, chunks: list[Chunk]) -> None:
-        async with trio.open_nursery() as n:
-            for c in chunks:
-                n.start_soon(self._fetch_one, c)
+        """Load evicted chunks back into the arena, in parallel across devices."""
+        await _all([(self._fetch_one, c) for c in chunks])
 
     async def _fetch_one(self, chunk: Chunk) -> None:
         key = id(chunk)
@@ -520,3 +529,20 @@ class Store:
 
     def undrained_bytes(self) -> int:
         return sum(c.hwm for q in self.ready for c in q.values()) + sum(c.hwm for c in self.unsealed.values())
+
+
+async def _all(calls: list[tuple]) -> None:
+    """Run `(afn, *args)` calls concurrently; raise the first failure itself (not a group)."""
+    errors: list[BaseException] = []
+
+    async def one(afn, *args) -> None:
+        try:
+            await afn(*args)
+        except Exception as e:  # noqa: BLE001 - collected and re-raised below
+            errors.append(e)
+
+    async with trio.open_nursery() as n:
+        for call in calls:
+            n.start_soon(one, *call)
+    if errors:
+        raise errors[0]

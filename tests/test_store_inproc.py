@@ -1,0 +1,60 @@
+"""The durable store in-process on fault-injecting devices: recovery, crashes, errors."""
+import random
+
+import pytest
+
+from faulty import crash_all, image_all
+from inproc import Driver, PathOps, make_devices
+
+
+def fresh(n=2, **kw):
+    devs = make_devices(n)
+    d = Driver(devs, fmt=True, **kw)
+    return devs, d, PathOps(d)
+
+
+def test_unmount_then_remount_keeps_everything():
+    devs, d, p = fresh()
+    data = random.randbytes(300_000)
+    p.mkdir("/a")
+    p.write_file("/a/x", data)
+    p.write_file("/y", b"hello")
+    d.unmount()
+    d2 = Driver(image_all(devs))
+    assert PathOps(d2).tree() == {"/a": None, "/a/x": data, "/y": b"hello"}
+    d2.kill()
+
+
+def test_fsynced_file_survives_a_power_cut():
+    devs, d, p = fresh()
+    data = random.randbytes(200_000)
+    p.write_file("/f", data, fsync=True)
+    d.kill()
+    rng = random.Random(1)
+    d2 = Driver(crash_all(devs, rng))
+    assert PathOps(d2).read_file("/f") == data
+    d2.kill()
+
+
+def test_data_larger_than_memory_round_trips_through_eviction():
+    devs, d, p = fresh(memory=256 << 10)  # 4 chunks of 64 KiB
+    data = random.randbytes(2_000_000)
+    p.write_file("/big", data)
+    assert p.read_file("/big") == data
+    d.unmount()
+    d2 = Driver(image_all(devs), memory=256 << 10)
+    assert PathOps(d2).read_file("/big") == data
+    d2.kill()
+
+
+def test_write_error_makes_fsync_fail_and_keeps_serving():
+    devs, d, p = fresh()
+    p.write_file("/ok", b"durable", fsync=True)
+    for x in devs:
+        x.fail_writes_at(0, x.size)
+    import pyfuse3
+    with pytest.raises(pyfuse3.FUSEError) as e:
+        p.write_file("/bad", random.randbytes(100_000), fsync=True)
+    assert e.value.errno == 5
+    assert p.read_file("/ok") == b"durable"
+    d.kill()
