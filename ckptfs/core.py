@@ -272,7 +272,7 @@ class Filesystem:
                 self._writers[inode.ino] = left
             else:
                 del self._writers[inode.ino]
-            self.durability.closed(inode)
+        self.durability.closed(inode)
         self.ns.maybe_drop(inode)
 
     # ---- whole filesystem ----------------------------------------------

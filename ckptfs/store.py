@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
+import stat
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -105,6 +105,7 @@ class Store:
         self.committed = -1  # index of the last record on the devices
         self.in_flight = -1  # records up to here are being written; no longer voidable
         self.dirty_inodes: set[int] = set()
+        self.deferred: dict[int, tuple[int, bytes, tuple]] = {}  # ino -> (parent, name, make record)
         self.unflushed: set[int] = set()  # devices with data written since their last flush
         self.errors: dict[int, int] = {}  # ino -> errno of a failed drain, until its next commit
         self.last_error: str | None = None
@@ -188,6 +189,13 @@ class Store:
         return p
 
     def record(self, op: str, *args) -> None:
+        if op == "make" and stat.S_ISREG(args[2]):
+            # a new file becomes part of the journal at its first close or fsync (a file
+            # never closed is absent after a crash), or as soon as a later record needs it
+            self.deferred[args[7]] = (args[0], args[1], (op, *args))
+            return
+        if self.deferred and self._settle_deferred(op, args):
+            return
         p = self._append(Pending(self.next_index, rec=(op, *args)))
         if op in ("unlink", "rename", "rmdir"):
             for q in self.pending:
@@ -195,6 +203,39 @@ class Store:
                     inode = self.ns.inodes.get(q.ino) if self.ns is not None else None
                     if inode is None or inode.nlink == 0:
                         self._void(q, p.index)
+
+    def _deferred_named(self, parent: int, name: bytes) -> int | None:
+        for ino, (p, n, _) in self.deferred.items():
+            if p == parent and n == name:
+                return ino
+        return None
+
+    def _settle_deferred(self, op: str, args: tuple) -> bool:
+        """Journal deferred creates that `op` depends on; True when `op` cancels one out entirely."""
+        if op in ("link", "setattr", "setxattr", "removexattr"):
+            self._flush_deferred(args[0])
+        elif op == "unlink":
+            ino = self._deferred_named(args[0], args[1])
+            if ino is not None:
+                del self.deferred[ino]  # created and deleted before it was ever closed: no trace
+                return True
+        elif op == "rename":
+            src = self._deferred_named(args[0], args[1])
+            dst = self._deferred_named(args[2], args[3])
+            flags = args[4]
+            if dst is not None and not flags:
+                del self.deferred[dst]  # replaced before it was ever closed
+            elif dst is not None:
+                self._flush_deferred(dst)
+            if src is not None:
+                self._flush_deferred(src)
+        return False
+
+    def _flush_deferred(self, ino: int) -> Pending | None:
+        entry = self.deferred.pop(ino, None)
+        if entry is None:
+            return None
+        return self._append(Pending(self.next_index, rec=entry[2]))
 
     def _void(self, q: Pending, until: int) -> None:
         self.records_voided += 1
@@ -210,6 +251,7 @@ class Store:
         self.dirty_inodes.add(inode.ino)
 
     def closed(self, inode: Inode) -> None:
+        made = self._flush_deferred(inode.ino)
         if inode.ino not in self.dirty_inodes:
             return
         self.dirty_inodes.discard(inode.ino)
@@ -225,6 +267,8 @@ class Store:
                 self._queue(c)
         p = self._append(Pending(self.next_index, ino=inode.ino, size=inode.size,
                                  mtime=inode.mtime_ns, ctime=inode.ctime_ns, chunks=snap))
+        if made is not None:
+            made.group_end = p.index  # the file appears with its contents, never empty
         for q in self.pending:
             if q is not p and q.rec is None and q.ino == inode.ino and not q.void and q.index > self.in_flight:
                 self._void(q, p.index)
@@ -249,6 +293,8 @@ class Store:
     async def sync(self, ino: int | None = None) -> None:
         """fsync(ino) / syncfs (ino None): return once the data and all records before it are durable."""
         if ino is None:
+            for i in list(self.deferred):
+                self._flush_deferred(i)
             for i in list(self.dirty_inodes):
                 inode = self.ns.inodes.get(i)
                 if inode is not None:

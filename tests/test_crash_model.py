@@ -53,12 +53,8 @@ class CrashModel(RuleBasedStateMachine):
         if not self._dir_exists(path) or self.state.get(path, b"") is None:
             return
         data = random.Random(seed).randbytes(size)
-        new = path not in self.state
         self.p.write_file(path, data, fsync=fsync)
-        if new:
-            self.state[path] = b""
-            self._point()
-        self.state[path] = data
+        self.state[path] = data  # a new file appears with its contents at its first close
         self._point()
         if fsync:
             self.synced = len(self.history) - 1
