@@ -306,6 +306,7 @@ class Store:
         if self.fsync_absorb:
             return
         target = self.next_index - 1
+        log.debug("sync(%s): waiting for record %d (committed %d)", ino, target, self.committed)
         while self.committed < target:
             if ino is not None and ino in self.errors:
                 raise fs_error(self.errors[ino], f"data of inode {ino} could not be written")
@@ -451,6 +452,8 @@ class Store:
                 if self.tail + len(frame) > self.sb.journal_half:
                     raise DeviceError("journal is too small for one commit: format with a larger --journal-size")
             await self._write_journal(frame, self.tail)
+            log.debug("committed frame seq %d at %d: %s", self.seq + 1, self.tail,
+                      " ".join(f"{r[0]}:{r[1]}" for r in records))
             self.seq += 1
             self.tail += len(frame)
             for r in records:

@@ -79,8 +79,9 @@ class CkptMount:
             self.pid = None
         return res
 
-    def kill(self) -> None:
-        """SIGKILL the daemon (a crash) and clear the dead mount it leaves."""
+    def kill(self, clear: bool = True) -> None:
+        """SIGKILL the daemon (a crash) and clear the dead mount it leaves (unless `clear` is False:
+        until it is cleared, every access to the mount fails with ENOTCONN)."""
         if self.pid is not None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
@@ -88,6 +89,10 @@ class CkptMount:
                 pass
             _wait_gone(self.pid)
             self.pid = None
+        if clear:
+            self.clear_stale()
+
+    def clear_stale(self) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
         subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
 
