@@ -41,12 +41,16 @@ def _mount(args) -> int:
     devices = check_devices(args.devices)
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
-    if not args.format:
-        from .pool import open_pool
-        open_pool([d.path for d in devices]).close()  # refuse a bad pool here, with its message
+    from .pool import open_pool
+    if args.format:
+        # here, not in the daemon: a refusal (another filesystem, too small) reaches the
+        # terminal, and --force can override it as for `ckptfs format`
+        from .layout import DEFAULT_JOURNAL_HALF
+        _format_devices(devices, _chunk_size(args), DEFAULT_JOURNAL_HALF, args.force)
+    open_pool([d.path for d in devices]).close()  # refuse a bad pool here, with its message
     cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
                       chunk_size=chunk, capacity=sum(d.size for d in devices),
-                      ready_fd=args.ready_fd, format=args.format, queue_depth=args.queue_depth,
+                      ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb")
     if args.foreground:
         logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
@@ -61,7 +65,7 @@ def _spawn_daemon(args, mp: str) -> int:
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth),
-           "--fsync", args.fsync, "--ready-fd", str(w)] + (["--format"] if args.format else [])
+           "--fsync", args.fsync, "--ready-fd", str(w)]  # --format was done by _mount
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -82,18 +86,12 @@ def _spawn_daemon(args, mp: str) -> int:
 
 def _format(args) -> int:
     from .layout import DEFAULT_JOURNAL_HALF
-    from .pool import format_pool
 
-    chunk = parse_size(args.chunk_size, what="--chunk-size")
-    if chunk < 4096 or chunk & (chunk - 1):
-        raise UsageError(f"bad --chunk-size {args.chunk_size}: must be a power of two of at least 4K")
+    chunk = _chunk_size(args)
     half = parse_size(args.journal_size, what="--journal-size") // 2 if args.journal_size else DEFAULT_JOURNAL_HALF
     half = max(1 << 20, half // 4096 * 4096)
     devices = check_devices(args.devices)
-    for d in devices:
-        if os.path.realpath(d.path) in _mounted_sources():
-            raise UsageError(f"device {d.path} is mounted: refusing to format it", 1)
-    sbs = format_pool([d.path for d in devices], chunk_size=chunk, journal_half=half, force=args.force)
+    sbs = _format_devices(devices, chunk, half, args.force)
     pool = sbs[0].pool_id.hex()
     for d, sb in zip(devices, sbs):
         print(f"{d.path}: device {sb.index} of {sb.count}, {sb.data_units} data units of "
@@ -101,6 +99,23 @@ def _format(args) -> int:
     total = sum(sb.data_units for sb in sbs) * chunk
     print(f"formatted ckptfs pool {pool}: {len(sbs)} device(s), {total / (1 << 30):.2f} GiB for data")
     return 0
+
+
+def _chunk_size(args) -> int:
+    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    if chunk < 4096 or chunk & (chunk - 1):
+        raise UsageError(f"bad --chunk-size {args.chunk_size}: must be a power of two of at least 4K")
+    return chunk
+
+
+def _format_devices(devices, chunk: int, half: int, force: bool):
+    """Format checked devices (refusing mounted ones); their superblocks."""
+    from .pool import format_pool
+
+    for d in devices:
+        if os.path.realpath(d.path) in _mounted_sources():
+            raise UsageError(f"device {d.path} is mounted: refusing to format it", 1)
+    return format_pool([d.path for d in devices], chunk_size=chunk, journal_half=half, force=force)
 
 
 def _mounted_sources() -> set[str]:
@@ -212,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", help="daemon log file (default /var/log/ckptfs/ckptfs-<mountpoint>.log)")
     m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     m.add_argument("--format", action="store_true", help="format the devices first (destroys their contents)")
+    m.add_argument("--force", action="store_true",
+                   help="with --format: format even over another filesystem, pool or data")
     m.add_argument("--fsync", choices=["durable", "absorb"], default="durable",
                    help="durable (default): fsync waits for the devices; absorb: fsync returns at once")
     m.add_argument("--queue-depth", type=int, default=8, help="I/Os in flight per device (default 8)")

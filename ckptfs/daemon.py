@@ -100,8 +100,8 @@ def serve(cfg: MountConfig) -> int:
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
 
-    async def room(_fs, _fh) -> bool:
-        return await store.wait_for_room()
+    async def room(_fs, _fh, devices_full=False) -> bool:
+        return await store.wait_for_room(devices_full)
 
     ops = Operations(fs, wait_for_room=room, fetch=store.fetch, on_fsync=store.sync,
                      virtual_xattrs={b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode()})

@@ -36,6 +36,10 @@ class NoSpace(FsError):
     errno = _errno.ENOSPC
 
 
+class DevicesFull(NoSpace):
+    """The devices have no room left for more data (as opposed to memory being full)."""
+
+
 class DeviceError(FsError):
     """A device I/O failed; the message names the device and offset."""
 

@@ -63,6 +63,7 @@ class ChunkOwner(Protocol):
     chunk_size: int
 
     def alloc_slot(self) -> int: ...
+    def reserve(self) -> None: ...
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
@@ -77,6 +78,9 @@ class MemoryOwner:
 
     def alloc_slot(self) -> int:
         return self.arena.alloc_nowait()
+
+    def reserve(self) -> None:
+        pass
 
     def view(self, slot: int) -> memoryview:
         return self.arena.view(slot)
@@ -118,6 +122,8 @@ class FileData:
     def _writable_chunk(self, idx: int, whole: bool) -> Chunk:
         """The chunk at `idx`, ready to be written in place (allocating or copying as needed)."""
         chunk = self.chunks.get(idx)
+        if chunk is None or chunk.drained:
+            self.owner.reserve()  # new device space will be needed: refuse when there is none
         if chunk is None:
             chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
             self.chunks[idx] = chunk

@@ -23,7 +23,7 @@ from typing import Awaitable, Callable
 import pyfuse3
 
 from .core import Filesystem
-from .errors import NoSpace, errno_of, fs_error
+from .errors import DevicesFull, NoSpace, errno_of, fs_error
 from .filemap import NeedsFetch
 from .namespace import Inode
 
@@ -49,7 +49,7 @@ def _guard(fn):
     return wrapper
 
 
-async def _no_room(fs: Filesystem, fh: int) -> bool:
+async def _no_room(fs: Filesystem, fh: int, devices_full: bool = False) -> bool:
     return False
 
 
@@ -63,7 +63,7 @@ class Operations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, fs: Filesystem, *,
-                 wait_for_room: Callable[[Filesystem, int], Awaitable[bool]] = _no_room,
+                 wait_for_room: Callable[[Filesystem, int, bool], Awaitable[bool]] = _no_room,
                  virtual_xattrs: dict[bytes, Callable[[int], bytes]] | None = None,
                  on_fsync: Callable[[int | None], Awaitable[None]] | None = None,
                  fetch: Callable[[list], Awaitable[None]] = _no_fetch):
@@ -213,8 +213,8 @@ class Operations(pyfuse3.Operations):
                     return done
             except NeedsFetch as e:
                 await self.fetch(e.chunks)
-            except NoSpace:
-                if not await self.wait_for_room(self.fs, fh):
+            except NoSpace as e:
+                if not await self.wait_for_room(self.fs, fh, isinstance(e, DevicesFull)):
                     if done:
                         return done
                     raise

@@ -38,7 +38,7 @@ import trio
 from .arena import Arena
 from .device import BlockDevice, round_up
 from .durable import DurableState
-from .errors import DeviceError, FsError, NoSpace, fs_error
+from .errors import DeviceError, DevicesFull, FsError, NoSpace, fs_error
 from .filemap import Chunk
 from .journal import Extent, encode_frame, frame_size
 from .layout import Superblock
@@ -118,6 +118,7 @@ class Store:
         self.bytes_drained = 0
         self.bytes_skipped = 0
         self.records_voided = 0
+        self.in_flight_drains = 0
 
     def attach(self, ns: Namespace) -> None:
         self.ns = ns
@@ -141,6 +142,14 @@ class Store:
 
     def view(self, slot: int) -> memoryview:
         return self.arena.view(slot)
+
+    def undrained(self) -> int:
+        """Chunks that will need a device unit: waiting to drain, or draining now."""
+        return len(self.unsealed) + sum(len(q) for q in self.ready) + self.in_flight_drains
+
+    def reserve(self) -> None:
+        if self.alloc.free_units() <= self.undrained():
+            raise DevicesFull("no space left on the devices")
 
     def chunk_changed(self, chunk: Chunk) -> None:
         key = id(chunk)
@@ -279,8 +288,17 @@ class Store:
             self._discard(chunk)
 
     # ---- waiting -------------------------------------------------------------
-    async def wait_for_room(self) -> bool:
+    async def wait_for_room(self, devices_full: bool = False) -> bool:
         """Wait until the arena may have a free slot; False when it never will (devices full)."""
+        if devices_full:
+            # a delete still on its way to the journal may free device space: give it a moment
+            free, pending = self.alloc.free_units(), len(self.pending)
+            if not pending:
+                return False
+            with trio.move_on_after(2):
+                while self.alloc.free_units() <= free and len(self.pending) >= pending:
+                    await self._progress.park()
+            return self.alloc.free_units() > free or len(self.pending) < pending
         if self.arena.free_slots or self.lru:
             return True
         if not self.alloc.free_units() and not any(self.ready):
@@ -345,13 +363,21 @@ class Store:
                 await trio.sleep(0.5)
 
     async def _drain_one(self, pref: int, chunk: Chunk) -> None:
+        self.in_flight_drains += 1
+        try:
+            await self._drain_unit(pref, chunk)
+        finally:
+            self.in_flight_drains -= 1
+
+    async def _drain_unit(self, pref: int, chunk: Chunk) -> None:
         try:
             dev, unit = self.alloc.alloc(pref)
         except NoSpace:
             self.errors[chunk.ino] = errno.ENOSPC
-            self.last_error = "all devices are full"
-            log.error("no room on any device for a chunk of inode %d", chunk.ino)
+            log.error("no room on any device for a chunk of inode %d; will retry", chunk.ino)
             self._progress.unpark_all()
+            await self._progress.park()  # until something is freed
+            self._queue(chunk)
             return
         gen, hwm = chunk.gen, chunk.hwm
         length = round_up(hwm)
