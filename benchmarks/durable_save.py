@@ -1,0 +1,42 @@
+"""The trainer side of the drain benchmark: save into a directory, then fsync.
+
+usage: durable_save.py PATH {torch,bytes} TOTAL_BYTES
+
+torch: torch.save of a state dict of random fp32 tensors (4096 x 4096 each)
+totalling TOTAL_BYTES; bytes: TOTAL_BYTES of random data in 64 MiB write()
+calls. Prints JSON: blocked (seconds until the save call returned) and
+durable (seconds until fsync on the file returned), both from the start.
+"""
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    path, kind, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if kind == "torch":
+        import torch
+        g = torch.Generator().manual_seed(0)
+        n = max(1, total // (4096 * 4096 * 4))
+        payload = {f"layer{i}.weight": torch.rand(4096, 4096, generator=g) for i in range(n)}
+    else:
+        view = memoryview(os.urandom(64 << 20))
+    t0 = time.perf_counter()
+    if kind == "torch":
+        torch.save(payload, path)
+    else:
+        with open(path, "wb") as f:
+            left = total
+            while left:
+                left -= f.write(view[:min(left, len(view))])
+    blocked = time.perf_counter() - t0
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    durable = time.perf_counter() - t0
+    print(json.dumps({"blocked": blocked, "durable": durable, "bytes": os.path.getsize(path)}))
+
+
+if __name__ == "__main__":
+    main()
