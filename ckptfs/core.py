@@ -88,6 +88,7 @@ class Filesystem:
         self.durability = durability or Durability()
         self.ns = ns or Namespace(uid=uid, gid=gid, clock=clock)
         self.ns.on_drop = self._on_drop
+        self.ns.on_orphan = self._on_orphan
         self.ns.observer = self.durability.record
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -100,6 +101,10 @@ class Filesystem:
             inode.data.clear()
             inode.data = None
         self._cached_version.pop(inode.ino, None)
+
+    def _on_orphan(self, inode: Inode) -> None:
+        if inode.data is not None and inode.data.chunks:
+            inode.data.clear()
 
     def _new_handle(self, inode: Inode, flags: int) -> OpenResult:
         acc = flags & os.O_ACCMODE

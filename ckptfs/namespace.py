@@ -119,9 +119,11 @@ class Namespace:
     def __init__(self, *, uid: int = 0, gid: int = 0, root_mode: int = 0o755,
                  clock: Callable[[], int] = time.time_ns,
                  on_drop: Callable[[Inode], None] | None = None,
-                 observer: Observer | None = None):
+                 observer: Observer | None = None,
+                 on_orphan: Callable[[Inode], None] | None = None):
         self.clock = clock
         self.on_drop = on_drop or (lambda inode: None)
+        self.on_orphan = on_orphan  # no name and no open handle: its data can go now
         self.observer = observer
         self.inodes: dict[int, Inode] = {}
         self.next_ino = ROOT_INO + 1
@@ -377,6 +379,8 @@ class Namespace:
         self.maybe_drop(inode)
 
     def maybe_drop(self, inode: Inode) -> None:
+        if inode.nlink == 0 and inode.opens == 0 and self.on_orphan is not None:
+            self.on_orphan(inode)  # the kernel may remember it a while yet, but none can read it
         if inode.nlink == 0 and inode.lookups == 0 and inode.opens == 0 and inode.ino != ROOT_INO:
             del self.inodes[inode.ino]
             self.on_drop(inode)

@@ -174,6 +174,10 @@ class Store:
         key = id(chunk)
         self.lru.pop(key, None)
         self.unsealed.pop(key, None)
+        if chunk.queued:  # never drain it: its bytes are stale
+            self.ready[self.alloc.preferred(chunk.ino, chunk.idx)].pop(key, None)
+            chunk.queued = False
+            self.bytes_skipped += chunk.hwm
         if chunk.slot is not None and key not in self._fetching:
             self.arena.free(chunk.slot)
             chunk.slot = None
