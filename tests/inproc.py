@@ -49,8 +49,8 @@ class Driver:
                           queue_depth=queue_depth)
         self.fs, self.store = build(cfg, devices)
 
-        async def room(_fs, _fh) -> bool:
-            return await self.store.wait_for_room()
+        async def room(_fs, _fh, devices_full=False) -> bool:
+            return await self.store.wait_for_room(devices_full)
 
         self.ops = Operations(self.fs, wait_for_room=room, fetch=self.store.fetch, on_fsync=self.store.sync)
         self._ready = threading.Event()
