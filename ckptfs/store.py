@@ -384,15 +384,11 @@ class Store:
             self._queue(chunk)
             return
         gen, hwm = chunk.gen, chunk.hwm
-        length = round_up(hwm)
         view = self.arena.view(chunk.slot)
-        if length > hwm:
-            view[hwm:length] = bytes(length - hwm)
-        crc = crc32c.crc32c(view[:hwm])
         offset = self.sbs[dev].unit_offset(unit)
         try:
-            await trio.to_thread.run_sync(self.devices[dev].pwrite, view[:length], offset,
-                                          limiter=self.limiters[dev])
+            crc = await trio.to_thread.run_sync(_checksum_and_write, self.devices[dev], view, hwm,
+                                                offset, limiter=self.limiters[dev])
         except DeviceError as e:
             self.stats[dev].errors += 1
             self.errors[chunk.ino] = e.errno
@@ -403,7 +399,7 @@ class Store:
             await trio.sleep(0.5)
             self._queue(chunk)
             return
-        self.stats[dev].bytes_written += length
+        self.stats[dev].bytes_written += round_up(hwm)
         self.stats[dev].writes += 1
         self.unflushed.add(dev)
         if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
@@ -608,6 +604,19 @@ class Store:
 
     def undrained_bytes(self) -> int:
         return sum(c.hwm for q in self.ready for c in q.values()) + sum(c.hwm for c in self.unsealed.values())
+
+
+def _checksum_and_write(device: BlockDevice, view: memoryview, hwm: int, offset: int) -> int:
+    """In a worker thread: zero-pad to 4 KiB, checksum the valid bytes, write; returns the crc.
+
+    If the chunk changes meanwhile, the caller sees its generation moved and drops this copy.
+    """
+    length = round_up(hwm)
+    if length > hwm:
+        view[hwm:length] = bytes(length - hwm)
+    crc = crc32c.crc32c(view[:hwm])
+    device.pwrite(view[:length], offset)
+    return crc
 
 
 async def _all(calls: list[tuple]) -> None:
