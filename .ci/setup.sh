@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
-PKGS="fuse3 libfuse3-dev pkg-config gcc e2fsprogs util-linux"
+PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv e2fsprogs util-linux"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -53,8 +53,9 @@ def _mount(args) -> int:
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb")
     if args.foreground:
-        logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        target = {"filename": args.log_file} if args.log_file and args.ready_fd is None else {"stream": sys.stderr}
+        logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", **target)
         return serve(cfg)
     return _spawn_daemon(args, mp)
 
