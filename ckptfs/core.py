@@ -182,7 +182,13 @@ class Filesystem:
         self.ns.forget(ino, n)
 
     def readdir(self, ino: int, after: int) -> Iterator[tuple[bytes, Inode, int]]:
-        d = self.ns.dir_of(ino).dir
+        """(name, inode, cookie) after cookie `after`: "." (1), ".." (2), then the entries."""
+        dino = self.ns.dir_of(ino)
+        d = dino.dir
+        if after < 1:
+            yield b".", dino, 1
+        if after < 2:
+            yield b"..", self.ns.get(dino.parent), 2
         for name, child, cookie in d.list_from(after):
             yield name, self.ns.inodes[child], cookie
 

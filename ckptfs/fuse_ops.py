@@ -172,7 +172,8 @@ class Operations(pyfuse3.Operations):
         for name, inode, cookie in self.fs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name, self._attr(inode), cookie):
                 break
-            inode.lookups += 1
+            if cookie > 2:  # "." and ".." do not count as lookups
+                inode.lookups += 1
 
     async def releasedir(self, fh):
         return None

@@ -42,7 +42,7 @@ class Directory:
         self._name_of: dict[int, bytes] = {}
         self._order: list[int] = []  # cookies ascending; may hold dead ones (compacted lazily)
         self._dead = 0
-        self._next = 1
+        self._next = 3  # cookies 1 and 2 are "." and ".."
 
     def add(self, name: bytes, ino: int) -> None:
         cookie = self._next

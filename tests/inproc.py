@@ -171,7 +171,7 @@ class PathOps:
         out: dict[str, bytes | None] = {}
 
         def walk(ino: int, prefix: str) -> None:
-            for name, inode, _ in list(self.d.fs.readdir(ino, 0)):
+            for name, inode, _ in list(self.d.fs.readdir(ino, 2)):  # past "." and ".."
                 path = prefix + "/" + name.decode()
                 if inode.is_dir:
                     out[path] = None
