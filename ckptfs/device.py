@@ -55,13 +55,18 @@ class BlockDevice:
         self.size = os.lseek(self.fd, 0, os.SEEK_END)
 
     def pwrite(self, buf, offset: int) -> None:
+        self.pwritev([buf], offset)
+
+    def pwritev(self, bufs: list, offset: int) -> None:
+        """Write `bufs` back to back at `offset` (one syscall); short writes raise."""
+        want = sum(len(b) for b in bufs)
         try:
-            n = os.pwritev(self.fd, [buf], offset)
+            n = os.pwritev(self.fd, bufs, offset)
         except OSError as e:
-            raise DeviceError(f"write of {len(buf)} bytes at offset {offset} on {self.path} failed: "
+            raise DeviceError(f"write of {want} bytes at offset {offset} on {self.path} failed: "
                               f"{e.strerror}", e.errno if e.errno == errno.ENOSPC else errno.EIO) from None
-        if n != len(buf):
-            raise ShortIO(self.path, "write", offset, len(buf), n)
+        if n != want:
+            raise ShortIO(self.path, "write", offset, want, n)
 
     def pread_into(self, buf, offset: int) -> None:
         try:

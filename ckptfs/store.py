@@ -32,11 +32,12 @@ import stat
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-import crc32c
 import trio
 
 from .arena import Arena
-from .device import BlockDevice, round_up
+from .committer import Committer
+from .device import BlockDevice
+from .drain import Drainer
 from .durable import DurableState
 from .errors import DeviceError, DevicesFull, FsError, NoSpace, fs_error
 from .filemap import Chunk
@@ -114,6 +115,8 @@ class Store:
         self._progress = trio.lowlevel.ParkingLot()  # drains, commits, frees
         self._fetching: dict[int, trio.Event] = {}
         self.closing = False
+        self.drainer = Drainer(self)
+        self.committer = Committer(self)
         self.bytes_absorbed = 0
         self.bytes_drained = 0
         self.bytes_skipped = 0
@@ -339,247 +342,21 @@ class Store:
             raise fs_error(self.errors.pop(ino))
 
     # ---- tasks ---------------------------------------------------------------
+    # ---- tasks -----------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The background tasks: queue-depth drain workers per device, and the journal writer."""
         async with trio.open_nursery() as nursery:
             for d in range(len(self.devices)):
                 for _ in range(self.queue_depth):
-                    nursery.start_soon(self._drain_worker, d)
-            nursery.start_soon(self._journal_task)
+                    nursery.start_soon(self.drainer.worker, d)
+            nursery.start_soon(self.committer.run)
             task_status.started()
 
-    async def _drain_worker(self, dev: int) -> None:
-        queue = self.ready[dev]
-        while True:
-            while not queue:
-                await self._work[dev].park()
-            _, chunk = queue.popitem(last=False)
-            chunk.queued = False
-            if chunk.drained or chunk.slot is None or not (chunk.live or chunk.pins):
-                if not (chunk.live or chunk.pins) or chunk.slot is None:
-                    self.bytes_skipped += chunk.hwm
-                continue
-            try:
-                await self._drain_one(dev, chunk)
-            except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
-                log.exception("unexpected error draining inode %d chunk %d", chunk.ino, chunk.idx)
-                self.last_error = f"internal error: {e}"
-                self._progress.unpark_all()
-                await trio.sleep(0.5)
-
-    async def _drain_one(self, pref: int, chunk: Chunk) -> None:
-        self.in_flight_drains += 1
-        try:
-            await self._drain_unit(pref, chunk)
-        finally:
-            self.in_flight_drains -= 1
-
-    async def _drain_unit(self, pref: int, chunk: Chunk) -> None:
-        try:
-            dev, unit = self.alloc.alloc(pref)
-        except NoSpace:
-            self.errors[chunk.ino] = errno.ENOSPC
-            log.error("no room on any device for a chunk of inode %d; will retry", chunk.ino)
-            self._progress.unpark_all()
-            await self._progress.park()  # until something is freed
-            self._queue(chunk)
-            return
-        gen, hwm = chunk.gen, chunk.hwm
-        view = self.arena.view(chunk.slot)
-        offset = self.sbs[dev].unit_offset(unit)
-        try:
-            crc = await trio.to_thread.run_sync(_checksum_and_write, self.devices[dev], view, hwm,
-                                                offset, limiter=self.limiters[dev])
-        except DeviceError as e:
-            self.stats[dev].errors += 1
-            self.errors[chunk.ino] = e.errno
-            self.last_error = str(e)
-            log.error("drain failed: %s (inode %d chunk %d); will retry", e, chunk.ino, chunk.idx)
-            self.alloc.release(dev, unit)
-            self._progress.unpark_all()
-            await trio.sleep(0.5)
-            self._queue(chunk)
-            return
-        self.stats[dev].bytes_written += round_up(hwm)
-        self.stats[dev].writes += 1
-        self.unflushed.add(dev)
-        if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
-            self.alloc.release(dev, unit)  # changed or dropped while in flight: this copy is stale
-            self.bytes_skipped += hwm
-            if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= self.chunk_size:
-                self._queue(chunk)
-        else:
-            chunk.extent = Extent(dev, unit, hwm, crc)
-            chunk.extent_gen = gen
-            self.bytes_drained += hwm
-            self.errors.pop(chunk.ino, None)
-            if self.last_error and not any(s for s in self.ready):
-                self.last_error = None
-            if chunk.slot is not None:
-                self.lru[id(chunk)] = chunk
-        self._progress.unpark_all()
-        self._journal_lot.unpark_all()
-
-    def _take_batch(self) -> list[Pending]:
-        """The longest prefix of pending records that can go in one frame now."""
-        batch: list[Pending] = []
-        need = -1
-        budget = self.sb.journal_half // 4
-        size = 0
-        for p in self.pending:
-            if not p.ready():
-                break
-            batch.append(p)
-            need = max(need, p.group_end)
-            size += 64 + len(p.chunks) * 30
-            if size > budget and p.index >= need:
-                break
-        while batch and batch[-1].index < need:
-            batch.pop()  # an atomic group is not complete yet: leave it for later
-            need = max([q.group_end for q in batch], default=-1)
-        return batch
-
-    async def _journal_task(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if not batch:
-                await self._journal_lot.park()
-                continue
-            self.in_flight = batch[-1].index
-            try:
-                await self._commit(batch)
-            except Exception as e:  # noqa: BLE001 - device errors (and bugs) are retried
-                if not isinstance(e, DeviceError):
-                    log.exception("unexpected error in journal commit")
-                self.last_error = str(e)
-                for p in batch:
-                    if p.rec is None:
-                        self.errors[p.ino] = errno.EIO
-                log.error("journal commit failed: %s; will retry", e)
-                self._progress.unpark_all()
-                await trio.sleep(0.5)
-                continue
-            for _ in batch:
-                p = self.pending.popleft()
-                for c in p.chunks.values():
-                    self._unpin(c)
-                if p.rec is None and not p.void:
-                    self.errors.pop(p.ino, None)
-            self.committed = batch[-1].index
-            self._progress.unpark_all()
-
-    async def _commit(self, batch: list[Pending]) -> None:
-        records = [r for r in (p.record(self.chunk_size) for p in batch) if r is not None]
-        await self._flush(list(self.unflushed))
-        if records:
-            frame = encode_frame(self.sb.pool_id, self.seq + 1, self.durable.epoch, records)
-            if self.tail + len(frame) > self.sb.journal_half:
-                await self.compact()
-                frame = encode_frame(self.sb.pool_id, self.seq + 1, self.durable.epoch, records)
-                if self.tail + len(frame) > self.sb.journal_half:
-                    raise DeviceError("journal is too small for one commit: format with a larger --journal-size")
-            await self._write_journal(frame, self.tail)
-            log.debug("committed frame seq %d at %d: %s", self.seq + 1, self.tail,
-                      " ".join(f"{r[0]}:{r[1]}" for r in records))
-            self.seq += 1
-            self.tail += len(frame)
-            for r in records:
-                self.durable.apply(r)
-
-    async def _flush(self, devs: list[int]) -> None:
-        self.unflushed.difference_update(devs)
-        try:
-            await _all([(self._run_on, d, self.devices[d].flush) for d in devs])
-        except BaseException:
-            self.unflushed.update(devs)
-            raise
-
-    async def _run_on(self, d: int, fn, *args) -> None:
-        try:
-            await trio.to_thread.run_sync(fn, *args, limiter=self.limiters[d])
-        except DeviceError:
-            self.stats[d].errors += 1
-            raise
-
-    async def _write_journal(self, frame: bytes, offset: int) -> None:
-        from .device import aligned_buffer
-        buf = aligned_buffer(len(frame))
-        buf[:len(frame)] = frame
-        await _all([(self._run_on, d, self.devices[d].pwrite, buf[:len(frame)],
-                     sb.half_offset(self.half) + offset) for d, sb in enumerate(self.sbs)])
-        await self._flush(list(range(len(self.devices))))
+    async def fetch(self, chunks: list[Chunk]) -> None:
+        await self.drainer.fetch(chunks)
 
     async def compact(self) -> None:
-        """Write a snapshot of the durable state at the start of the other half, then go on there."""
-        epoch = self.durable.epoch + 1
-        recs = [("begin", epoch, self.durable.ns.next_ino)] + self.durable.snapshot() + [("snapend",)]
-        frames, seq = [], self.seq
-        step = 2000
-        for i in range(0, len(recs), step):
-            seq += 1
-            frames.append(encode_frame(self.sb.pool_id, seq, epoch, recs[i:i + step]))
-        blob = b"".join(frames)
-        if len(blob) > self.sb.journal_half:
-            raise DeviceError("the namespace no longer fits in a journal half: format with a larger --journal-size")
-        half = 1 - self.half
-        old_half, self.half = self.half, half
-        try:
-            await self._write_journal(blob, 0)
-        except BaseException:
-            self.half = old_half
-            raise
-        self.durable.epoch = epoch
-        self.seq, self.tail = seq, len(blob)
-        log.info("journal compacted into half %d (epoch %d, %d records, %d bytes)", half, epoch, len(recs), len(blob))
-
-    # ---- reads of evicted data -------------------------------------------------
-    async def fetch(self, chunks: list[Chunk]) -> None:
-        """Load evicted chunks back into the arena, in parallel across devices."""
-        await _all([(self._fetch_one, c) for c in chunks])
-
-    async def _fetch_one(self, chunk: Chunk) -> None:
-        key = id(chunk)
-        if key in self._fetching:
-            await self._fetching[key].wait()
-            return
-        if chunk.slot is not None or chunk.extent is None:
-            return
-        done = self._fetching[key] = trio.Event()
-        try:
-            while True:
-                try:
-                    slot = self.alloc_slot()
-                    break
-                except NoSpace:
-                    if not await self.wait_for_room():
-                        raise
-            ext = chunk.extent
-            view = self.arena.view(slot)
-            length = round_up(ext.length)
-            try:
-                await trio.to_thread.run_sync(self.devices[ext.dev].pread_into, view[:length],
-                                              self.sbs[ext.dev].unit_offset(ext.unit),
-                                              limiter=self.limiters[ext.dev])
-            except DeviceError:
-                self.arena.free(slot)
-                self.stats[ext.dev].errors += 1
-                raise
-            self.stats[ext.dev].bytes_read += length
-            self.stats[ext.dev].reads += 1
-            if crc32c.crc32c(view[:ext.length]) != ext.crc:
-                self.arena.free(slot)
-                self.stats[ext.dev].errors += 1
-                msg = (f"checksum mismatch reading inode {chunk.ino} chunk {chunk.idx} from "
-                       f"{self.devices[ext.dev].path} unit {ext.unit}")
-                log.error(msg)
-                raise DeviceError(msg)
-            if chunk.extent is not ext or not (chunk.live or chunk.pins) or chunk.slot is not None:
-                self.arena.free(slot)
-                return
-            chunk.slot = slot
-            self.lru[key] = chunk
-        finally:
-            del self._fetching[key]
-            done.set()
+        await self.committer.compact()
 
     # ---- lifecycle -------------------------------------------------------------
     async def drain_all(self) -> None:
@@ -604,33 +381,3 @@ class Store:
 
     def undrained_bytes(self) -> int:
         return sum(c.hwm for q in self.ready for c in q.values()) + sum(c.hwm for c in self.unsealed.values())
-
-
-def _checksum_and_write(device: BlockDevice, view: memoryview, hwm: int, offset: int) -> int:
-    """In a worker thread: zero-pad to 4 KiB, checksum the valid bytes, write; returns the crc.
-
-    If the chunk changes meanwhile, the caller sees its generation moved and drops this copy.
-    """
-    length = round_up(hwm)
-    if length > hwm:
-        view[hwm:length] = bytes(length - hwm)
-    crc = crc32c.crc32c(view[:hwm])
-    device.pwrite(view[:length], offset)
-    return crc
-
-
-async def _all(calls: list[tuple]) -> None:
-    """Run `(afn, *args)` calls concurrently; raise the first failure itself (not a group)."""
-    errors: list[BaseException] = []
-
-    async def one(afn, *args) -> None:
-        try:
-            await afn(*args)
-        except Exception as e:  # noqa: BLE001 - collected and re-raised below
-            errors.append(e)
-
-    async with trio.open_nursery() as n:
-        for call in calls:
-            n.start_soon(one, *call)
-    if errors:
-        raise errors[0]

@@ -115,6 +115,9 @@ class FaultyDevice:
                 return
             self.volatile.append((offset, data))
 
+    def pwritev(self, bufs: list, offset: int) -> None:
+        self.pwrite(b"".join(bytes(b) for b in bufs), offset)
+
     def pread_into(self, buf, offset: int) -> None:
         n = len(buf)
         for lo, hi in self.fail_read_ranges:
