@@ -104,7 +104,8 @@ def serve(cfg: MountConfig) -> int:
         return await store.wait_for_room(devices_full)
 
     ops = Operations(fs, wait_for_room=room, fetch=store.fetch, on_fsync=store.sync,
-                     virtual_xattrs={b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode()})
+                     virtual_xattrs={b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode(),
+                                     b"user.ckptfs.state": lambda ino: store.state(ino).encode()})
     stopped_by_signal = False
     mounted = False
 

@@ -370,6 +370,19 @@ class Store:
             d.close()
 
     # ---- accounting ------------------------------------------------------------
+    def state(self, ino: int) -> str:
+        """memory (changed since its last commit, or never closed), draining (committed by a
+        close or fsync, on its way to the devices), durable, or failed:ERRNO."""
+        if ino in self.errors:
+            return f"failed:{errno.errorcode.get(self.errors[ino], self.errors[ino])}"
+        if ino in self.dirty_inodes or ino in self.deferred:
+            return "memory"
+        if any(p.ino == ino and p.rec is None and not p.void for p in self.pending):
+            return "draining"
+        if any(p.rec is not None and p.rec[0] == "make" and p.rec[8] == ino for p in self.pending):
+            return "draining"
+        return "durable"
+
     def usage(self) -> tuple[int, int]:
         return self.capacity_bytes(), self.used_bytes()
 
