@@ -58,10 +58,13 @@ class DurableState:
             elif op == "setattr":
                 ino, mode, uid, gid, atime, mtime, now = args
                 ns.setattr(ino, mode=mode, uid=uid, gid=gid, atime_ns=atime, mtime_ns=mtime, now=now)
-            elif op == "setxattr":
-                ns.setxattr(*args)
-            elif op == "removexattr":
-                ns.removexattr(*args)
+            elif op in ("setxattr", "removexattr"):
+                # these records carry no time: keep the inode's last journaled ctime
+                # (the namespace would stamp it with this state's clock, which reads 0)
+                inode = ns.get(args[0])
+                ctime = inode.ctime_ns
+                getattr(ns, op)(*args)
+                inode.ctime_ns = ctime
             elif op == "content":
                 ino, size, mtime, ctime, extents = args
                 self.set_content(ns.get(ino), size, mtime, ctime, dict(extents))

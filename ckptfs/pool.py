@@ -10,6 +10,8 @@ of frames on any device wins. `fsck` replays and reads every extent back.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,16 +52,43 @@ class Recovered:
 
 
 def _open_devices(paths: list) -> list[BlockDevice]:
-    """BlockDevices for paths; objects that already are devices (tests' fakes) pass through."""
+    """BlockDevices for paths; objects that already are devices (tests' fakes) pass through.
+
+    Each device is locked while open (an exclusive POSIX record lock, owned by
+    this process), so a pool in use by a daemon cannot be mounted a second
+    time, formatted, or checked under it by another process.
+    """
     devs = []
     try:
         for p in paths:
             devs.append(p if hasattr(p, "pread_into") else BlockDevice(p))
+            _lock(devs[-1])
     except Exception:
         for d in devs:
             d.close()
         raise
     return devs
+
+
+LOCK_WAIT = 3.0  # seconds: a killed daemon lets go once its last I/O thread has exited
+
+
+def _lock(dev) -> None:
+    if not isinstance(dev, BlockDevice):
+        return  # tests' in-memory devices
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.lockf(dev.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                log.warning("cannot lock %s (%s): not guarding against concurrent use", dev.path, e.strerror)
+                return
+            if time.monotonic() > deadline:
+                raise UsageError(f"device {dev.path} is in use by another ckptfs process (a mounted "
+                                 f"pool, or a format or fsck running): unmount it first", 1) from None
+            time.sleep(0.05)
 
 
 def format_pool(paths: list, *, chunk_size: int, journal_half: int = DEFAULT_JOURNAL_HALF,
@@ -143,6 +172,10 @@ def recover(pool: Pool) -> Recovered:
     replays = read_halves(pool)
     best, best_half, warnings = None, 0, []
     for d, halves in enumerate(replays):
+        if not any(r.complete for r in halves):
+            # never the result of a crash: format and compaction always leave one complete half
+            warnings.append(f"{pool.devices[d].path}: no valid journal in either half; "
+                            f"this device's mirror of the journal is lost")
         for h, r in enumerate(halves):
             if r.corrupt_at is not None:
                 warnings.append(f"{pool.devices[d].path}: journal half {h} damaged at offset {r.corrupt_at}; "
