@@ -79,19 +79,36 @@ class Drainer:
             placed.append((chunk, dev, unit, chunk.gen, chunk.hwm))
         runs: list[list[tuple]] = []
         for p in placed:
+            chunk = p[0]
+            if chunk.slot is None or chunk.gen != p[3] or not (chunk.live or chunk.pins):
+                s.alloc.release(p[1], p[2])  # evicted, changed or dropped while we waited for room
+                continue
             last = runs[-1][-1] if runs else None
             if (last is not None and last[1] == p[1] and last[2] + 1 == p[2]
                     and round_up(last[4]) == s.chunk_size):
                 runs[-1].append(p)
             else:
                 runs.append([p])
-        await gather([(self._write_run, run) for run in runs])
+        # the views are taken now, before any await, and the slots stay theirs (busy) until the
+        # writes return, even if the chunks are dropped meanwhile
+        for run in runs:
+            for p in run:
+                p[0].busy = True
+        try:
+            await gather([(self._write_run, run, [s.arena.view(p[0].slot) for p in run]) for run in runs])
+        finally:
+            for run in runs:
+                for p in run:
+                    chunk = p[0]
+                    chunk.busy = False
+                    if not (chunk.live or chunk.pins) and chunk.slot is not None:
+                        s.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
+                        chunk.slot = None
 
-    async def _write_run(self, run: list[tuple]) -> None:
+    async def _write_run(self, run: list[tuple], views: list[memoryview]) -> None:
         """Write chunks bound for consecutive units of one device with one pwritev."""
         s = self.s
         dev, first = run[0][1], run[0][2]
-        views = [s.arena.view(c.slot) for c, *_ in run]
         try:
             crcs = await trio.to_thread.run_sync(_checksum_and_write, s.devices[dev], views,
                                                  [p[4] for p in run], s.sbs[dev].unit_offset(first),

@@ -28,7 +28,8 @@ from .errors import NoSpace
 
 
 class Chunk:
-    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "ino", "idx")
+    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "ino",
+                 "idx")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -39,6 +40,7 @@ class Chunk:
         self.pins = 0
         self.live = True  # still in its file's map
         self.queued = False  # waiting in the drain queue
+        self.busy = False  # a drain is writing from its slot: the slot must not be reused yet
         self.ino = ino
         self.idx = idx
 

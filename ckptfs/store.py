@@ -181,7 +181,7 @@ class Store:
             self.ready[self.alloc.preferred(chunk.ino, chunk.idx)].pop(key, None)
             chunk.queued = False
             self.bytes_skipped += chunk.hwm
-        if chunk.slot is not None and key not in self._fetching:
+        if chunk.slot is not None and not chunk.busy:
             self.arena.free(chunk.slot)
             chunk.slot = None
         if chunk.extent is not None:
