@@ -247,7 +247,8 @@ class Filesystem:
         if not inode.is_reg:
             raise fs_error(errno.ENXIO if not stat.S_ISLNK(inode.mode) else errno.ELOOP)
         result = self._new_handle(inode, flags)
-        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and inode.size:
+        # O_TRUNC truncates even with O_RDONLY, as on Linux (the kernel checked write permission)
+        if flags & os.O_TRUNC and inode.size:
             self.truncate(inode, 0)
         return result
 

@@ -1,0 +1,592 @@
+"""Pure unit tests of the core, no FUSE: arena, file map, namespace, Filesystem.
+
+Each test drives the sans-I/O pieces directly (the way h11 is tested) and calls
+`check_invariants()` after mutating, so bookkeeping errors fail here first.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import stat
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ckptfs.arena import Arena
+from ckptfs.core import Filesystem
+from ckptfs.errors import FsError, NoSpace, UsageError
+from ckptfs.filemap import FileData
+from ckptfs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, Namespace
+
+CS = 4096
+REG = stat.S_IFREG | 0o644
+DIR = stat.S_IFDIR | 0o755
+
+
+def errno_of(fn, *args, **kw) -> int:
+    with pytest.raises(FsError) as info:
+        fn(*args, **kw)
+    return info.value.errno
+
+
+# ---- arena ----------------------------------------------------------------
+
+def test_arena_alloc_free_accounting():
+    a = Arena(8 * CS, CS, prefault=False)
+    assert (a.nslots, a.capacity, a.free_slots, a.used_slots) == (8, 8 * CS, 8, 0)
+    slots = [a.alloc_nowait() for _ in range(8)]
+    assert sorted(slots) == list(range(8))
+    assert (a.free_slots, a.used_slots) == (0, 8)
+    with pytest.raises(NoSpace) as info:
+        a.alloc_nowait()
+    assert info.value.errno == errno.ENOSPC
+    a.check_invariants()
+    for s in slots[:3]:
+        a.free(s)
+    assert (a.free_slots, a.used_slots) == (3, 5)
+    again = {a.alloc_nowait() for _ in range(3)}
+    assert again == set(slots[:3])
+    stats = a.statistics()
+    assert stats.allocations == 11 and stats.full_events == 1 and stats.used_slots == 8
+    a.check_invariants()
+    a.close()
+
+
+def test_arena_views_are_aligned_and_disjoint():
+    a = Arena(4 * CS, CS, prefault=False)
+    s0, s1 = a.alloc_nowait(), a.alloc_nowait()
+    v0, v1 = a.view(s0), a.view(s1)
+    assert len(v0) == CS and len(v1) == CS
+    v0[:] = b"\x01" * CS
+    v1[:] = b"\x02" * CS
+    assert bytes(a.view(s0)) == b"\x01" * CS
+    assert bytes(a.view(s1)) == b"\x02" * CS
+    del v0, v1
+    a.close()
+
+
+def test_arena_double_free_breaks_invariants():
+    a = Arena(4 * CS, CS, prefault=False)
+    s = a.alloc_nowait()
+    a.free(s)
+    a.free(s)
+    with pytest.raises(AssertionError):
+        a.check_invariants()
+
+
+@pytest.mark.parametrize("capacity,chunk", [(CS, CS), (8 * CS, 3000), (8 * CS, 6000), (8 * CS, 2048)])
+def test_arena_rejects_bad_sizes(capacity, chunk):
+    with pytest.raises(UsageError):
+        Arena(capacity, chunk, prefault=False)
+
+
+# ---- file map ---------------------------------------------------------------
+
+@pytest.fixture
+def arena():
+    a = Arena(64 * CS, CS, prefault=False)
+    yield a
+    a.close()
+
+
+def read_all(fd: FileData, size: int) -> bytes:
+    return bytes(fd.read(0, size + 10, size))
+
+
+def test_filemap_odd_offsets_and_lengths(arena):
+    fd = FileData(arena)
+    ref = bytearray()
+    rnd = random.Random(1)
+    for off, n in [(0, 1), (1, 4095), (4095, 2), (4097, 10000), (3, 7), (8191, 1), (20000, 4096),
+                   (12287, 8193)]:
+        buf = rnd.randbytes(n)
+        assert fd.write(off, buf) == n
+        if off + n > len(ref):
+            ref.extend(bytes(off + n - len(ref)))
+        ref[off:off + n] = buf
+    assert read_all(fd, len(ref)) == bytes(ref)
+    for off in range(0, len(ref), 997):
+        assert bytes(fd.read(off, 5000, len(ref))) == bytes(ref[off:off + 5000])
+    fd.clear()
+    assert arena.used_slots == 0
+
+
+def test_filemap_one_byte_at_a_time(arena):
+    fd = FileData(arena)
+    data = os.urandom(3 * CS + 11)
+    for i in range(len(data)):
+        assert fd.write(i, data[i:i + 1]) == 1
+    assert read_all(fd, len(data)) == data
+    assert len(fd.chunks) == 4
+    # and read back one byte at a time
+    assert b"".join(bytes(fd.read(i, 1, len(data))) for i in range(len(data))) == data
+
+
+def test_filemap_holes_read_as_zeros(arena):
+    fd = FileData(arena)
+    fd.write(10 * CS + 5, b"tail")
+    size = 10 * CS + 9
+    assert len(fd.chunks) == 1  # the hole allocates nothing
+    got = read_all(fd, size)
+    assert got == bytes(10 * CS + 5) + b"tail"
+    # a write that skips over never-written bytes inside a chunk zero-fills them
+    slot = fd.chunks[10].slot
+    arena.view(slot)[:] = b"\xff" * CS  # garbage left in a recycled slot
+    fd2 = FileData(arena)
+    fd2.write(100, b"a")
+    assert bytes(fd2.read(0, 101, 101)) == bytes(100) + b"a"
+
+
+def test_filemap_recycled_slot_reads_zeros_past_hwm(arena):
+    fd = FileData(arena)
+    fd.write(0, b"\xee" * CS)
+    fd.clear()
+    fd.write(0, b"x")  # same slot again, full of old bytes
+    assert bytes(fd.read(0, CS, CS)) == b"x" + bytes(CS - 1)
+    fd.write(CS - 1, b"y")
+    assert bytes(fd.read(0, CS, CS)) == b"x" + bytes(CS - 2) + b"y"
+
+
+@pytest.mark.parametrize("down", [0, 1, CS - 1, CS, CS + 1, 2 * CS + 100])
+def test_filemap_truncate_down_then_up_reads_zeros(arena, down):
+    fd = FileData(arena)
+    data = b"\xab" * (3 * CS + 7)
+    fd.write(0, data)
+    fd.truncate(down)
+    assert read_all(fd, down) == data[:down]
+    assert arena.used_slots == len(fd.chunks) == -(-down // CS)
+    up = len(data)
+    assert read_all(fd, up) == data[:down] + bytes(up - down)
+    fd.write(up + 3, b"z")  # extending write after the truncate
+    assert read_all(fd, up + 4) == data[:down] + bytes(up - down + 3) + b"z"
+
+
+def test_filemap_short_write_on_nospace():
+    a = Arena(3 * CS, CS, prefault=False)
+    fd = FileData(a)
+    buf = os.urandom(5 * CS)
+    assert fd.write(100, buf) == 3 * CS - 100
+    assert bytes(fd.read(100, 3 * CS, 3 * CS)) == buf[:3 * CS - 100]
+    with pytest.raises(NoSpace):
+        fd.write(3 * CS, b"more")
+    # writes inside allocated chunks still succeed when the arena is full
+    assert fd.write(0, b"head") == 4
+    fd.clear()
+    assert a.free_slots == 3
+    a.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("w"), st.integers(0, 6 * CS), st.integers(0, 2 * CS + 3)),
+    st.tuples(st.just("t"), st.integers(0, 7 * CS), st.just(0))), max_size=25))
+def test_filemap_matches_bytearray(ops):
+    a = Arena(32 * CS, CS, prefault=False)
+    fd = FileData(a)
+    ref = bytearray()
+    rnd = random.Random(len(ops))
+    for kind, off, n in ops:
+        if kind == "w":
+            buf = rnd.randbytes(n)
+            assert fd.write(off, buf) == n
+            if off + n > len(ref):
+                ref.extend(bytes(off + n - len(ref)))
+            ref[off:off + n] = buf
+        else:
+            if off < len(ref):
+                fd.truncate(off)
+                del ref[off:]
+            else:
+                ref.extend(bytes(off - len(ref)))
+        assert read_all(fd, len(ref)) == bytes(ref)
+    fd.clear()
+    assert a.used_slots == 0
+    a.close()
+
+
+# ---- namespace --------------------------------------------------------------
+
+@pytest.fixture
+def ns():
+    dropped = []
+    n = Namespace(on_drop=dropped.append)
+    n.dropped = dropped
+    yield n
+    n.check_invariants()
+
+
+def mk(ns, parent, name, mode=REG):
+    return ns.make(parent, name, mode, 0, 0)
+
+
+def test_namespace_create_lookup_unlink(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    assert ns.lookup(ROOT_INO, b"f") is f
+    assert f.lookups == 2 and f.nlink == 1
+    assert errno_of(mk, ns, ROOT_INO, b"f") == errno.EEXIST
+    assert errno_of(ns.lookup, ROOT_INO, b"nope") == errno.ENOENT
+    assert errno_of(mk, ns, ROOT_INO, b"a/b") == errno.EINVAL
+    assert errno_of(mk, ns, ROOT_INO, b"x" * 256) == errno.ENAMETOOLONG
+    assert errno_of(mk, ns, f.ino, b"child") == errno.ENOTDIR
+    ns.unlink(ROOT_INO, b"f")
+    assert errno_of(ns.lookup, ROOT_INO, b"f") == errno.ENOENT
+    assert f.ino in ns.inodes and not ns.dropped  # the kernel still knows it
+    ns.forget(f.ino, 2)
+    assert f.ino not in ns.inodes and ns.dropped == [f]
+    assert errno_of(ns.unlink, ROOT_INO, b"f") == errno.ENOENT
+
+
+def test_namespace_dirs_nlink_and_rmdir(ns):
+    d = mk(ns, ROOT_INO, b"d", DIR)
+    root = ns.get(ROOT_INO)
+    assert d.nlink == 2 and root.nlink == 3
+    sub = mk(ns, d.ino, b"sub", DIR)
+    mk(ns, d.ino, b"file")
+    assert d.nlink == 3
+    assert ns.child(d.ino, b"..") is root
+    assert ns.child(sub.ino, b"..") is d
+    assert errno_of(ns.rmdir, ROOT_INO, b"d") == errno.ENOTEMPTY
+    assert errno_of(ns.unlink, ROOT_INO, b"d") == errno.EISDIR
+    assert errno_of(ns.rmdir, d.ino, b"file") == errno.ENOTDIR
+    ns.check_invariants()
+    ns.unlink(d.ino, b"file")
+    ns.rmdir(d.ino, b"sub")
+    assert d.nlink == 2
+    ns.rmdir(ROOT_INO, b"d")
+    assert root.nlink == 2
+    ns.check_invariants()
+
+
+def test_namespace_rename_over_file(ns):
+    a, b = mk(ns, ROOT_INO, b"a"), mk(ns, ROOT_INO, b"b")
+    ns.forget(b.ino, 1)
+    replaced = ns.rename(ROOT_INO, b"a", ROOT_INO, b"b")
+    assert replaced is b
+    assert ns.child(ROOT_INO, b"b") is a
+    assert errno_of(ns.child, ROOT_INO, b"a") == errno.ENOENT
+    assert b.ino not in ns.inodes and ns.dropped == [b]
+    ns.check_invariants()
+
+
+def test_namespace_rename_dir_rules(ns):
+    d1 = mk(ns, ROOT_INO, b"d1", DIR)
+    d2 = mk(ns, ROOT_INO, b"d2", DIR)
+    mk(ns, ROOT_INO, b"f")
+    mk(ns, d2.ino, b"inner")
+    assert errno_of(ns.rename, ROOT_INO, b"d1", ROOT_INO, b"f") == errno.ENOTDIR
+    assert errno_of(ns.rename, ROOT_INO, b"f", ROOT_INO, b"d1") == errno.EISDIR
+    assert errno_of(ns.rename, ROOT_INO, b"d1", ROOT_INO, b"d2") == errno.ENOTEMPTY
+    assert errno_of(ns.rename, ROOT_INO, b"missing", ROOT_INO, b"x") == errno.ENOENT
+    ns.check_invariants()
+    # a dir over an empty dir
+    e = mk(ns, ROOT_INO, b"empty", DIR)
+    ns.rename(ROOT_INO, b"d1", ROOT_INO, b"empty")
+    assert ns.child(ROOT_INO, b"empty") is d1 and e.nlink == 0
+    ns.check_invariants()
+    # move a dir into another dir: nlink of both parents follows
+    root = ns.get(ROOT_INO)
+    before = root.nlink
+    ns.rename(ROOT_INO, b"empty", d2.ino, b"moved")
+    assert d1.parent == d2.ino and ns.child(d1.ino, b"..") is d2
+    assert root.nlink == before - 1 and d2.nlink == 3
+    ns.check_invariants()
+
+
+def test_namespace_rename_dir_into_itself(ns):
+    a = mk(ns, ROOT_INO, b"a", DIR)
+    b = mk(ns, a.ino, b"b", DIR)
+    c = mk(ns, b.ino, b"c", DIR)
+    assert errno_of(ns.rename, ROOT_INO, b"a", a.ino, b"x") == errno.EINVAL
+    assert errno_of(ns.rename, ROOT_INO, b"a", c.ino, b"x") == errno.EINVAL
+    assert errno_of(ns.rename, ROOT_INO, b"a", c.ino, b"x", RENAME_NOREPLACE) == errno.EINVAL
+    mk(ns, c.ino, b"x", DIR)
+    assert errno_of(ns.rename, ROOT_INO, b"a", c.ino, b"x", RENAME_EXCHANGE) == errno.EINVAL
+    assert errno_of(ns.rename, c.ino, b"x", ROOT_INO, b"a", RENAME_EXCHANGE) == errno.EINVAL
+    ns.rename(a.ino, b"b", ROOT_INO, b"b2")  # moving a child out is fine
+    assert b.parent == ROOT_INO
+    ns.check_invariants()
+
+
+def test_namespace_rename_noreplace_and_exchange(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    d = mk(ns, ROOT_INO, b"d", DIR)
+    g = mk(ns, d.ino, b"g")
+    assert errno_of(ns.rename, ROOT_INO, b"f", d.ino, b"g", RENAME_NOREPLACE) == errno.EEXIST
+    assert errno_of(ns.rename, ROOT_INO, b"f", d.ino, b"nope", RENAME_EXCHANGE) == errno.ENOENT
+    assert errno_of(ns.rename, ROOT_INO, b"f", d.ino, b"g", RENAME_EXCHANGE | RENAME_NOREPLACE) == errno.EINVAL
+    ns.rename(ROOT_INO, b"f", d.ino, b"new", RENAME_NOREPLACE)
+    assert ns.child(d.ino, b"new") is f
+    ns.rename(d.ino, b"new", d.ino, b"g", RENAME_EXCHANGE)
+    assert ns.child(d.ino, b"new") is g and ns.child(d.ino, b"g") is f
+    # exchange a file with a directory across parents: dir parents and nlinks follow
+    sub = mk(ns, ROOT_INO, b"sub", DIR)
+    root = ns.get(ROOT_INO)
+    before = (root.nlink, d.nlink)
+    ns.rename(ROOT_INO, b"sub", d.ino, b"g", RENAME_EXCHANGE)
+    assert ns.child(ROOT_INO, b"sub") is f and ns.child(d.ino, b"g") is sub
+    assert sub.parent == d.ino
+    assert (root.nlink, d.nlink) == (before[0] - 1, before[1] + 1)
+    assert f.nlink == 1 and g.nlink == 1
+    ns.check_invariants()
+
+
+def test_namespace_hard_links(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    d = mk(ns, ROOT_INO, b"d", DIR)
+    ns.link(f.ino, d.ino, b"l1")
+    ns.link(f.ino, ROOT_INO, b"l2")
+    assert f.nlink == 3
+    assert ns.child(d.ino, b"l1") is f
+    assert errno_of(ns.link, d.ino, ROOT_INO, b"dl") == errno.EPERM
+    assert errno_of(ns.link, f.ino, ROOT_INO, b"l2") == errno.EEXIST
+    ns.check_invariants()
+    # rename of one name onto another name of the same inode does nothing
+    assert ns.rename(ROOT_INO, b"f", ROOT_INO, b"l2") is None
+    assert ns.child(ROOT_INO, b"f") is f and f.nlink == 3
+    ns.unlink(ROOT_INO, b"f")
+    ns.unlink(d.ino, b"l1")
+    assert f.nlink == 1 and ns.child(ROOT_INO, b"l2") is f
+    ns.check_invariants()
+    ns.unlink(ROOT_INO, b"l2")
+    assert f.nlink == 0
+    assert errno_of(ns.link, f.ino, ROOT_INO, b"again") == errno.ENOENT
+
+
+def test_namespace_unlinked_open_inode_lives_until_release_and_forget(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    f.opens += 1
+    ns.unlink(ROOT_INO, b"f")
+    ns.forget(f.ino, 1)
+    assert f.ino in ns.inodes and not ns.dropped  # still open
+    f.opens -= 1
+    ns.maybe_drop(f)
+    assert f.ino not in ns.inodes and ns.dropped == [f]
+    # the other order: released first, forgotten last
+    g = mk(ns, ROOT_INO, b"g")
+    g.opens += 1
+    ns.unlink(ROOT_INO, b"g")
+    g.opens -= 1
+    ns.maybe_drop(g)
+    assert g.ino in ns.inodes
+    ns.forget(g.ino, 1)
+    assert g.ino not in ns.inodes and ns.dropped == [f, g]
+
+
+def test_namespace_make_with_explicit_inode_and_observer():
+    seen = []
+    ns = Namespace(observer=lambda op, *args: seen.append(op))
+    ns.make(ROOT_INO, b"x", REG, 0, 0, ino=100)
+    f = ns.make(ROOT_INO, b"y", REG, 0, 0)
+    assert f.ino == 101
+    assert errno_of(ns.make, ROOT_INO, b"z", REG, 0, 0, ino=100) == errno.EEXIST
+    assert errno_of(ns.unlink, ROOT_INO, b"missing") == errno.ENOENT
+    ns.rename(ROOT_INO, b"x", ROOT_INO, b"x2")
+    assert seen == ["make", "make", "rename"]  # failed calls are not observed
+    ns.check_invariants()
+
+
+def listing(ns, ino, after=0, limit=None):
+    out = []
+    for name, _ino, cookie in ns.get(ino).dir.list_from(after):
+        out.append((name, cookie))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def test_namespace_readdir_cookies_stable_with_10000_entries(ns):
+    d = mk(ns, ROOT_INO, b"big", DIR)
+    names = [b"f%05d" % i for i in range(10_000)]
+    for n in names:
+        mk(ns, d.ino, n)
+    full = listing(ns, d.ino)
+    assert [n for n, _ in full] == names
+    cookies = dict(full)
+    assert len(set(cookies.values())) == 10_000 and all(c > 0 for c in cookies.values())
+
+    # read in pages; between pages delete already-seen and not-yet-seen entries and add new ones
+    rnd = random.Random(7)
+    seen: list[bytes] = []
+    deleted: set[bytes] = set()
+    after = 0
+    extra = 0
+    while True:
+        page = listing(ns, d.ino, after, limit=333)
+        if not page:
+            break
+        for name, cookie in page:
+            assert name not in deleted
+            if name in cookies:
+                assert cookies[name] == cookie  # a cookie never changes
+            seen.append(name)
+        after = page[-1][1]
+        alive = sorted(set(cookies) - deleted)
+        for victim in rnd.sample(alive, min(150, len(alive))):
+            ns.unlink(d.ino, victim)
+            deleted.add(victim)
+        for _ in range(50 if extra < 1500 else 0):
+            mk(ns, d.ino, b"new%05d" % extra)
+            extra += 1
+    assert len(seen) == len(set(seen)), "an entry was listed twice"
+    # every entry that existed throughout the listing was listed exactly once
+    survivors = set(names) - deleted
+    assert survivors <= set(seen)
+    assert set(n for n, _ in listing(ns, d.ino)) == survivors | {b"new%05d" % i for i in range(extra)}
+    ns.check_invariants()
+
+
+# ---- Filesystem ---------------------------------------------------------------
+
+@pytest.fixture
+def fs():
+    a = Arena(32 * CS, CS, prefault=False)
+    f = Filesystem(a, capacity_bytes=1 << 30)
+    yield f
+    f.check_invariants()
+    a.close()
+
+
+def create(fs, name, parent=ROOT_INO, flags=os.O_RDWR):
+    r, inode = fs.create(parent, name, 0o644, flags, 0, 0)
+    return r.fh, inode
+
+
+def test_fs_write_read_truncate(fs):
+    fh, inode = create(fs, b"f")
+    assert fs.write(fh, 5, b"hello") == 5
+    assert inode.size == 10
+    assert bytes(fs.read(fh, 0, 100)) == bytes(5) + b"hello"
+    fs.setattr(inode.ino, size=7)
+    assert bytes(fs.read(fh, 0, 100)) == bytes(5) + b"he"
+    fs.setattr(inode.ino, size=3 * CS)
+    assert bytes(fs.read(fh, 0, 3 * CS)) == bytes(5) + b"he" + bytes(3 * CS - 7)
+    assert bytes(fs.read(fh, 3 * CS, 10)) == b""
+    assert errno_of(fs.setattr, ROOT_INO, size=0) == errno.EISDIR
+    assert errno_of(fs.truncate, inode, -1) == errno.EINVAL
+    fs.check_invariants()
+    fs.release(fh)
+
+
+def test_fs_append_and_readonly_handles(fs):
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"abc")
+    fs.release(fh)
+    app = fs.open(inode.ino, os.O_WRONLY | os.O_APPEND).fh
+    assert fs.write(app, 0, b"def") == 3  # offset ignored under O_APPEND
+    ro = fs.open(inode.ino, os.O_RDONLY).fh
+    assert bytes(fs.read(ro, 0, 10)) == b"abcdef"
+    assert errno_of(fs.write, ro, 0, b"x") == errno.EBADF
+    assert errno_of(fs.read, 999, 0, 1) == errno.EBADF
+    fs.release(app)
+    fs.release(ro)
+    tr = fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC).fh
+    assert inode.size == 0
+    fs.write(tr, 0, b"again")
+    fs.release(tr)
+    ro_tr = fs.open(inode.ino, os.O_RDONLY | os.O_TRUNC).fh  # Linux truncates here too
+    assert inode.size == 0 and bytes(fs.read(ro_tr, 0, 10)) == b""
+    fs.release(ro_tr)
+
+
+def test_fs_open_errors(fs):
+    d = fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+    s = fs.symlink(ROOT_INO, b"s", b"target", 0, 0)
+    assert errno_of(fs.open, d.ino, os.O_RDONLY) == errno.EISDIR
+    assert errno_of(fs.open, s.ino, os.O_RDONLY) == errno.ELOOP
+    assert fs.readlink(s.ino) == b"target" and s.size == 6
+    fh, f = create(fs, b"f")
+    assert errno_of(fs.readlink, f.ino) == errno.EINVAL
+    assert errno_of(fs.symlink, ROOT_INO, b"long", b"x" * 4096, 0, 0) == errno.ENAMETOOLONG
+    fs.release(fh)
+
+
+def test_fs_unlinked_open_file_lives_until_release(fs):
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, os.urandom(5 * CS))
+    assert fs.arena.used_slots == 5
+    fs.unlink(ROOT_INO, b"f")
+    assert bytes(fs.read(fh, 0, 3))  # still readable
+    fs.check_invariants()
+    fs.release(fh)
+    # no name and no handle: the data goes at once; the inode waits for the kernel's forget
+    assert fs.arena.used_slots == 0
+    assert inode.ino in fs.ns.inodes
+    fs.check_invariants()
+    fs.forget(inode.ino, 1)
+    assert inode.ino not in fs.ns.inodes
+    fs.check_invariants()
+
+
+def test_fs_rename_over_frees_replaced_data(fs):
+    fh1, a = create(fs, b"a")
+    fh2, b = create(fs, b"b")
+    fs.write(fh1, 0, b"A" * CS)
+    fs.write(fh2, 0, b"B" * 2 * CS)
+    fs.release(fh1)
+    fs.release(fh2)
+    fs.forget(b.ino, 1)
+    fs.rename(ROOT_INO, b"a", ROOT_INO, b"b")
+    assert fs.arena.used_slots == 1
+    fs.check_invariants()
+
+
+def test_fs_short_write_then_nospace(fs):
+    fh, inode = create(fs, b"big")
+    n = fs.write(fh, 0, bytes(40 * CS))
+    assert n == 32 * CS and inode.size == n
+    with pytest.raises(NoSpace):
+        fs.write(fh, n, b"x")
+    assert inode.size == n
+    st_ = fs.statfs()
+    assert st_.bfree == (1 << 30) // 4096 - 32
+    fs.setattr(inode.ino, size=0)
+    assert fs.arena.used_slots == 0
+    fs.release(fh)
+
+
+def test_fs_keep_cache_only_when_unchanged(fs):
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"v1")
+    fs.release(fh)
+    r1 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r1.direct_io and not r1.keep_cache
+    fs.release(r1.fh)
+    r2 = fs.open(inode.ino, os.O_RDONLY)
+    assert r2.keep_cache  # nothing changed since r1
+    fs.release(r2.fh)
+    w = fs.open(inode.ino, os.O_WRONLY)
+    assert w.direct_io
+    r3 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r3.keep_cache  # a writer is open
+    fs.write(w.fh, 0, b"v2")
+    fs.release(w.fh)
+    fs.release(r3.fh)
+    r4 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r4.keep_cache  # data changed since the cache was filled
+    fs.release(r4.fh)
+    fs.setattr(inode.ino, size=1)
+    r5 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r5.keep_cache  # truncated
+    fs.release(r5.fh)
+
+
+def test_fs_xattrs(fs):
+    fh, inode = create(fs, b"f")
+    fs.setxattr(inode.ino, b"user.a", b"1")
+    assert fs.getxattr(inode.ino, b"user.a") == b"1"
+    assert fs.listxattr(inode.ino) == [b"user.a"]
+    assert errno_of(fs.getxattr, inode.ino, b"user.b") == errno.ENODATA
+    assert errno_of(fs.removexattr, inode.ino, b"user.b") == errno.ENODATA
+    assert errno_of(fs.setxattr, inode.ino, b"user.big", bytes(65537)) == errno.E2BIG
+    fs.removexattr(inode.ino, b"user.a")
+    assert fs.listxattr(inode.ino) == []
+    fs.release(fh)
+
+
+def test_fs_setattr_metadata(fs):
+    fh, inode = create(fs, b"f")
+    fs.setattr(inode.ino, mode=0o4700, uid=5, gid=6, atime_ns=123, mtime_ns=456_000_000_789)
+    assert stat.S_ISREG(inode.mode) and stat.S_IMODE(inode.mode) == 0o4700
+    assert (inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns) == (5, 6, 123, 456_000_000_789)
+    fs.release(fh)

@@ -1,0 +1,273 @@
+"""Model-based test: random operation sequences on the mount and on ext4 must agree.
+
+A hypothesis state machine applies each operation (open/create with assorted
+flags, pwrite at random offsets, append, read, truncate, unlink, rename over
+files and directories, mkdir, rmdir, link, symlink, fsync, close) both to a
+directory on ckptfs and to a reference directory on the machine's own
+filesystem. When an operation fails, both sides must fail with the same errno;
+after every step the trees must agree: names, types, modes, sizes, link counts,
+contents, symlink targets, and what every open descriptor sees.
+
+One mount serves the whole run, with a 64 KiB chunk so small files cross chunk
+boundaries; the directories are emptied between examples.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+
+from mounting import CkptMount
+
+pytestmark = pytest.mark.mount
+
+CHUNK = 64 << 10
+MAX_FDS = 6
+EXAMPLES = int(os.environ.get("CKPTFS_MODEL_EXAMPLES", "50"))  # raise it for a longer hunt
+
+names = st.sampled_from(["a", "b"])
+dirs = st.sampled_from(["", "d", "e", "d/f"])
+paths = st.builds(lambda d, n: f"{d}/{n}" if d else n, dirs, names)
+any_path = st.one_of(paths, dirs.filter(bool))
+offsets = st.one_of(st.integers(0, 3 * CHUNK + 5), st.sampled_from([CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK]))
+sizes = st.one_of(st.integers(0, 2 * CHUNK + 7), st.sampled_from([0, 1, CHUNK - 1, CHUNK, CHUNK + 1]))
+payload = st.builds(lambda n, b: bytes([b]) * n if n > 64 else os.urandom(n),
+                    st.integers(0, CHUNK + 100), st.integers(1, 255))
+OPEN_FLAGS = [
+    os.O_RDONLY,
+    os.O_RDWR,
+    os.O_WRONLY | os.O_APPEND,
+    os.O_RDWR | os.O_CREAT,
+    os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    os.O_RDWR | os.O_CREAT | os.O_EXCL,
+    os.O_RDWR | os.O_APPEND | os.O_CREAT,
+    os.O_RDONLY | os.O_TRUNC,
+]
+
+
+@pytest.fixture(scope="module", params=["256M", "1M"], ids=["roomy", "tight-memory"])
+def mnt(request, tmp_path_factory):
+    """Two mounts: plenty of memory, and 16 chunks only (writes wait for the drain,
+    reads fetch evicted chunks back from the devices)."""
+    m = CkptMount(tmp_path_factory.mktemp("model"), memory=request.param, extra=("--chunk-size", str(CHUNK)))
+    m.mount()
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def outcome(fn, *args):
+    """('ok', value) or ('err', errno)."""
+    try:
+        return "ok", fn(*args)
+    except OSError as e:
+        return "err", e.errno
+
+
+def snapshot(root: Path, rel: str = ".", out: dict | None = None) -> dict:
+    """Everything observable about the tree under `root`, keyed by relative path."""
+    out = {} if out is None else out
+    d = root / rel
+    st_ = os.stat(d)
+    names = sorted(os.listdir(d))
+    out[rel + "/"] = ("dir", names, st_.st_nlink, stat.S_IMODE(st_.st_mode))
+    for n in names:
+        key = os.path.normpath(os.path.join(rel, n))
+        p = root / key
+        st_ = os.lstat(p)
+        if stat.S_ISLNK(st_.st_mode):
+            out[key] = ("link", os.readlink(p), st_.st_size)
+        elif stat.S_ISDIR(st_.st_mode):
+            snapshot(root, key, out)
+        else:
+            with open(p, "rb") as f:
+                data = f.read()
+            assert len(data) == st_.st_size, f"{p}: read {len(data)} bytes, st_size {st_.st_size}"
+            out[key] = ("file", st_.st_size, st_.st_nlink, stat.S_IMODE(st_.st_mode), data)
+    return out
+
+
+class FsModel(RuleBasedStateMachine):
+    def __init__(self, mount_dir: Path, ref_dir: Path):
+        super().__init__()
+        self.roots = (mount_dir, ref_dir)
+        for r in self.roots:
+            for child in r.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        self.fds: list[tuple[int, int, int]] = []  # (mount fd, reference fd, flags)
+
+    # ---- helpers -----------------------------------------------------------
+    def both(self, fn, *rel_args, raw=()):
+        """Run fn(paths..., *raw) on both sides; same outcome required. Returns the outcomes."""
+        res = [outcome(fn, *(str(root / a) for a in rel_args), *raw) for root in self.roots]
+        (km, vm), (kr, vr) = res
+        assert km == kr, f"{fn.__name__}{rel_args}{raw}: mount {res[0]}, reference {res[1]}"
+        if km == "err":
+            assert vm == vr, f"{fn.__name__}{rel_args}{raw}: errno mount {errno.errorcode.get(vm)}, " \
+                             f"reference {errno.errorcode.get(vr)}"
+        return res
+
+    def both_fd(self, i: int, fn, *args):
+        fm, fr, _ = self.fds[i % len(self.fds)]
+        res = [outcome(fn, fm, *args), outcome(fn, fr, *args)]
+        assert res[0][0] == res[1][0] and (res[0][0] == "ok" or res[0][1] == res[1][1]), \
+            f"{fn.__name__}(fd, {args!r:.80}): mount {res[0]!r:.100}, reference {res[1]!r:.100}"
+        return res
+
+    @initialize(files=st.lists(st.tuples(paths, payload), max_size=3))
+    def populate(self, files):
+        for root in self.roots:
+            for d in ("d", "e", "d/f"):
+                (root / d).mkdir()
+            for p, data in files:
+                (root / p).write_bytes(data)
+
+    # ---- whole-file and namespace rules ----------------------------------------
+    @rule(p=paths, data=payload)
+    def write_whole_file(self, p, data):
+        def put(path, data):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                return os.write(fd, data)
+            finally:
+                os.close(fd)
+        self.both(put, p, raw=(data,))
+
+    @precondition(lambda self: len(self.fds) < MAX_FDS)
+    @rule(p=paths, flags=st.sampled_from(OPEN_FLAGS), mode=st.sampled_from([0o644, 0o600, 0o755]))
+    def open_file(self, p, flags, mode):
+        (km, fm), (kr, fr) = self.both(os.open, p, raw=(flags, mode))
+        if km == "ok":
+            self.fds.append((fm, fr, flags))
+
+    @rule(p=paths, size=sizes)
+    def truncate_path(self, p, size):
+        self.both(os.truncate, p, raw=(size,))
+
+    @rule(p=any_path)
+    def unlink(self, p):
+        self.both(os.unlink, p)
+
+    @rule(src=any_path, dst=any_path)
+    def rename(self, src, dst):
+        self.both(os.rename, src, dst)
+
+    @rule(p=dirs.filter(bool))
+    def mkdir(self, p):
+        self.both(os.mkdir, p)
+
+    @rule(p=any_path)
+    def rmdir(self, p):
+        self.both(os.rmdir, p)
+
+    @rule(src=paths, dst=paths)
+    def link(self, src, dst):
+        self.both(os.link, src, dst)
+
+    @rule(to=st.sampled_from(["a", "../a", "d/b", "nowhere"]), p=paths)
+    def symlink(self, to, p):
+        self.both(lambda path: os.symlink(to, path), p)
+
+    @rule(p=any_path, mode=st.sampled_from([0o600, 0o755, 0o4711]))
+    def chmod(self, p, mode):
+        self.both(os.chmod, p, raw=(mode,))
+
+    @rule(p=any_path)
+    def readlink(self, p):
+        self.both(os.readlink, p)
+
+    @rule(p=paths, off=offsets, n=sizes)
+    def read_path(self, p, off, n):
+        def rd(path):
+            with open(path, "rb") as f:
+                f.seek(off)
+                return f.read(n)
+        self.both(rd, p)
+
+    # ---- descriptor rules ------------------------------------------------------
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), off=offsets, data=payload)
+    def pwrite(self, i, off, data):
+        flags = self.fds[i % len(self.fds)][2]
+        if flags & os.O_APPEND:
+            self.both_fd(i, os.write, data)  # appends wherever the offset is
+        else:
+            self.both_fd(i, os.pwrite, data, off)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), off=offsets, n=sizes)
+    def pread(self, i, off, n):
+        self.both_fd(i, os.pread, n, off)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), off=offsets, data=payload)
+    def seek_write_read(self, i, off, data):
+        self.both_fd(i, os.lseek, off, os.SEEK_SET)
+        self.both_fd(i, os.write, data)
+        self.both_fd(i, os.lseek, 0, os.SEEK_CUR)
+        self.both_fd(i, os.read, 100)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), size=sizes)
+    def ftruncate(self, i, size):
+        self.both_fd(i, os.ftruncate, size)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS))
+    def fsync(self, i):
+        self.both_fd(i, os.fsync)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS))
+    def close(self, i):
+        fm, fr, _ = self.fds.pop(i % len(self.fds))
+        os.close(fm)
+        os.close(fr)
+
+    # ---- after every step ----------------------------------------------------------
+    @invariant()
+    def trees_agree(self):
+        sm, sr = (snapshot(r) for r in self.roots)
+        assert sm.keys() == sr.keys(), f"names differ: mount {sorted(sm)}, reference {sorted(sr)}"
+        for k in sm:
+            assert sm[k] == sr[k], f"{k}: mount {sm[k]!r:.200}, reference {sr[k]!r:.200}"
+
+    @invariant()
+    def open_descriptors_agree(self):
+        for fm, fr, flags in self.fds:
+            a, b = os.fstat(fm), os.fstat(fr)
+            assert stat.S_IFMT(a.st_mode) == stat.S_IFMT(b.st_mode)
+            if stat.S_ISDIR(a.st_mode):
+                continue  # a directory opened read-only; its st_size is the filesystem's own
+            assert (a.st_size, a.st_nlink) == (b.st_size, b.st_nlink)
+            if flags & os.O_ACCMODE != os.O_WRONLY:
+                assert os.pread(fm, a.st_size + 1, 0) == os.pread(fr, b.st_size + 1, 0)
+
+    def teardown(self):
+        for fm, fr, _ in self.fds:
+            os.close(fm)
+            os.close(fr)
+        self.fds.clear()
+
+
+def test_mount_behaves_like_ext4(mnt, tmp_path):
+    mount_dir = mnt.path / "model"
+    ref_dir = tmp_path / "reference"
+    mount_dir.mkdir()
+    ref_dir.mkdir()
+    run_state_machine_as_test(
+        lambda: FsModel(mount_dir, ref_dir),
+        settings=settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+                          suppress_health_check=list(HealthCheck)))
+    os.kill(mnt.pid, 0)  # the daemon is still alive

@@ -1,0 +1,491 @@
+"""POSIX behaviour on a real mount: each test uses plain os calls on ckptfs.
+
+One mount serves the module (mounting costs ~1.5 s); every test works in a
+fresh directory of its own, so tests stay independent.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ckptfs.layout import plan
+from mounting import CkptMount
+
+pytestmark = pytest.mark.mount
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+SYS_renameat2 = 316  # x86_64
+AT_FDCWD = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def renameat2(old, new, flags: int) -> None:
+    rc = _libc.syscall(ctypes.c_long(SYS_renameat2), ctypes.c_int(AT_FDCWD), os.fsencode(str(old)),
+                       ctypes.c_int(AT_FDCWD), os.fsencode(str(new)), ctypes.c_uint(flags))
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(old))
+
+
+@pytest.fixture(scope="module")
+def mnt(tmp_path_factory):
+    m = CkptMount(tmp_path_factory.mktemp("posix"))
+    m.mount()
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+@pytest.fixture
+def d(mnt, request) -> Path:
+    """A fresh, empty directory on the mount for one test."""
+    p = mnt.path / request.node.name.replace("[", "_").replace("]", "")
+    p.mkdir()
+    return p
+
+
+def err(fn, *args, **kw) -> int:
+    with pytest.raises(OSError) as info:
+        fn(*args, **kw)
+    return info.value.errno
+
+
+# ---- open flags -------------------------------------------------------------
+
+def test_open_creat_excl_trunc(d):
+    p = d / "f"
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+    assert os.write(fd, b"hello world") == 11
+    os.close(fd)
+    assert err(os.open, p, os.O_CREAT | os.O_EXCL | os.O_WRONLY) == errno.EEXIST
+    assert err(os.open, d / "missing", os.O_RDONLY) == errno.ENOENT
+    fd = os.open(p, os.O_CREAT | os.O_RDWR)  # exists: plain open
+    assert os.read(fd, 100) == b"hello world"
+    os.close(fd)
+    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+    assert os.fstat(fd).st_size == 0
+    os.write(fd, b"new")
+    os.close(fd)
+    assert p.read_bytes() == b"new"
+    fd = os.open(p, os.O_RDONLY | os.O_TRUNC)  # truncates on Linux, as on ext4
+    assert os.fstat(fd).st_size == 0 and os.read(fd, 10) == b""
+    os.close(fd)
+    assert os.stat(p).st_size == 0
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o640 & ~_umask()
+
+
+def _umask() -> int:
+    u = os.umask(0)
+    os.umask(u)
+    return u
+
+
+def test_open_append(d):
+    p = d / "log"
+    p.write_bytes(b"start;")
+    a = os.open(p, os.O_WRONLY | os.O_APPEND)
+    b = os.open(p, os.O_WRONLY | os.O_APPEND)
+    os.write(a, b"a1;")
+    os.write(b, b"b1;")
+    os.lseek(a, 0, os.SEEK_SET)  # O_APPEND ignores the offset
+    os.write(a, b"a2;")
+    os.close(a)
+    os.close(b)
+    assert p.read_bytes() == b"start;a1;b1;a2;"
+
+
+def test_pread_pwrite_any_offset(d):
+    p = d / "f"
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    ref = bytearray()
+    rnd = __import__("random").Random(3)
+    for off, n in [(0, 1), (1, 4095), (4095, 3), (1 << 20, 17), ((1 << 20) - 1, 2), (5, 1 << 20),
+                   (3 * (1 << 20) + 1, 70000)]:
+        buf = rnd.randbytes(n)
+        assert os.pwrite(fd, buf, off) == n
+        if off + n > len(ref):
+            ref.extend(bytes(off + n - len(ref)))
+        ref[off:off + n] = buf
+    assert os.fstat(fd).st_size == len(ref)
+    for off in (0, 1, 4094, 4095, 1 << 20, (1 << 20) + 7, len(ref) - 1):
+        assert os.pread(fd, 9000, off) == bytes(ref[off:off + 9000])
+    assert os.pread(fd, 10, len(ref) + 100) == b""
+    os.close(fd)
+    assert p.read_bytes() == bytes(ref)
+
+
+def test_sparse_file_holes_read_zeros(d):
+    p = d / "sparse"
+    with open(p, "wb") as f:
+        f.write(b"head")
+        f.seek(100 << 20)
+        f.write(b"tail")
+    st = os.stat(p)
+    assert st.st_size == (100 << 20) + 4
+    assert st.st_blocks * 512 < 8 << 20  # the hole takes no memory
+    with open(p, "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek(50 << 20)
+        assert f.read(1 << 20) == bytes(1 << 20)
+        f.seek((100 << 20) - 2)
+        assert f.read() == b"\0\0tail"
+
+
+def test_truncate_and_ftruncate(d):
+    p = d / "f"
+    data = os.urandom(3 * (1 << 20) + 5)
+    p.write_bytes(data)
+    os.truncate(p, 1000)
+    assert os.stat(p).st_size == 1000
+    os.truncate(p, 2 << 20)
+    assert p.read_bytes() == data[:1000] + bytes((2 << 20) - 1000)
+    fd = os.open(p, os.O_RDWR)
+    os.ftruncate(fd, 10)
+    assert os.fstat(fd).st_size == 10
+    os.ftruncate(fd, 20)
+    assert os.pread(fd, 100, 0) == data[:10] + bytes(10)
+    os.pwrite(fd, b"X", 30)
+    assert os.pread(fd, 100, 0) == data[:10] + bytes(20) + b"X"
+    os.close(fd)
+    assert err(os.truncate, d, 0) == errno.EISDIR
+
+
+# ---- attributes -----------------------------------------------------------
+
+def test_stat_fstat_sizes_times_modes(d):
+    p = d / "f"
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)
+    st0 = os.fstat(fd)
+    assert stat.S_ISREG(st0.st_mode) and stat.S_IMODE(st0.st_mode) == 0o600
+    assert st0.st_size == 0 and st0.st_nlink == 1
+    assert (st0.st_uid, st0.st_gid) == (os.getuid(), os.getgid())
+    os.utime(fd, ns=(1_000_000_000, 1_000_000_000))
+    os.write(fd, b"x" * 12345)
+    st1 = os.fstat(fd)
+    os.close(fd)
+    assert st1.st_size == 12345
+    assert st1.st_mtime_ns > 1_000_000_000  # a write moves mtime
+    st2 = os.stat(p)
+    assert st2.st_size == 12345 and st2.st_ino == st0.st_ino
+    assert stat.S_ISDIR(os.stat(d).st_mode)
+    assert os.stat(d).st_nlink == 2
+
+
+def test_chmod_chown_utime(d):
+    p = d / "f"
+    p.write_bytes(b"x")
+    os.chmod(p, 0o4751)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o4751
+    os.chmod(p, 0o600)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    assert stat.S_ISREG(os.stat(p).st_mode)
+    os.chown(p, 1234, 5678)
+    st = os.stat(p)
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    os.utime(p, ns=(1_234_567_890_123_456_789, 1_111_111_111_987_654_321))
+    st = os.stat(p)
+    assert st.st_atime_ns == 1_234_567_890_123_456_789
+    assert st.st_mtime_ns == 1_111_111_111_987_654_321
+    os.chmod(d, 0o700)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and stat.S_ISDIR(os.stat(d).st_mode)
+
+
+def test_mkdir_rmdir(d):
+    sub = d / "a" / "b"
+    os.makedirs(sub)
+    assert os.stat(d / "a").st_nlink == 3
+    (sub / "f").write_bytes(b"x")
+    assert err(os.rmdir, d / "a") == errno.ENOTEMPTY
+    assert err(os.rmdir, sub / "f") == errno.ENOTDIR
+    assert err(os.mkdir, sub) == errno.EEXIST
+    assert err(os.unlink, sub) in (errno.EISDIR, errno.EPERM)
+    os.unlink(sub / "f")
+    os.rmdir(sub)
+    assert os.stat(d / "a").st_nlink == 2
+    os.rmdir(d / "a")
+    assert os.listdir(d) == []
+
+
+# ---- directories -----------------------------------------------------------
+
+def test_readdir_10000_entries(d):
+    names = [f"entry-{i:05d}" for i in range(10_000)]
+    for n in names:
+        os.mknod(d / n, 0o644 | stat.S_IFREG)
+    listed = os.listdir(d)
+    assert len(listed) == 10_000 and sorted(listed) == names
+    with os.scandir(d) as it:
+        entries = [(e.name, e.is_file(), e.inode()) for e in it]
+    assert sorted(n for n, _, _ in entries) == names
+    assert all(is_file for _, is_file, _ in entries)
+    assert len({ino for _, _, ino in entries}) == 10_000
+
+
+def test_readdir_while_deleting(d):
+    """Deleting (and adding) during a listing repeats nothing and skips no survivor.
+
+    POSIX leaves open whether entries removed or added meanwhile are listed.
+    """
+    names = sorted(f"n{i:04d}" for i in range(3000))
+    for n in names:
+        os.mknod(d / n, 0o644 | stat.S_IFREG)
+    seen: list[str] = []
+    deleted: set[str] = set()
+    ahead = names[::-1]  # delete from the end of the listing order, ahead of the reader
+    with os.scandir(d) as it:
+        for i, e in enumerate(it):
+            seen.append(e.name)
+            if i % 3 == 0 and e.name not in deleted:
+                os.unlink(d / e.name)  # the entry just listed
+                deleted.add(e.name)
+            if i % 3 == 1 and ahead:
+                victim = ahead.pop(0)
+                if victim not in deleted and victim != e.name:
+                    os.unlink(d / victim)
+                    deleted.add(victim)
+            if i % 10 == 0:
+                (d / f"new{i:05d}").write_bytes(b"")
+    assert len(seen) == len(set(seen)), "an entry was listed twice"
+    survivors = set(names) - deleted
+    assert survivors <= set(seen), f"{len(survivors - set(seen))} survivors were skipped"
+    assert set(os.listdir(d)) == survivors | {n for n in os.listdir(d) if n.startswith("new")}
+
+
+def test_unlink_open_file_still_readable(d):
+    p = d / "f"
+    data = os.urandom((2 << 20) + 3)
+    p.write_bytes(data)
+    fd = os.open(p, os.O_RDONLY)
+    wfd = os.open(p, os.O_RDWR)
+    os.unlink(p)
+    assert not p.exists()
+    assert os.fstat(fd).st_nlink == 0
+    assert os.pread(fd, len(data) + 10, 0) == data
+    os.pwrite(wfd, b"changed", 0)
+    assert os.pread(wfd, 7, 0) == b"changed"
+    os.close(wfd)
+    os.close(fd)
+    p.write_bytes(b"other")  # the name is free again
+    assert p.read_bytes() == b"other"
+
+
+def test_rename_over_existing_file(d):
+    (d / "a").write_bytes(b"AAAA")
+    (d / "b").write_bytes(b"BB")
+    keep = os.open(d / "b", os.O_RDONLY)
+    os.rename(d / "a", d / "b")
+    assert (d / "b").read_bytes() == b"AAAA"
+    assert not (d / "a").exists()
+    assert os.read(keep, 10) == b"BB"  # the replaced file lives on through its fd
+    os.close(keep)
+    assert sorted(os.listdir(d)) == ["b"]
+
+
+def test_rename_directories(d):
+    os.makedirs(d / "x" / "y")
+    (d / "x" / "y" / "f").write_bytes(b"f")
+    os.mkdir(d / "empty")
+    os.mkdir(d / "full")
+    (d / "full" / "g").write_bytes(b"g")
+    os.rename(d / "x", d / "z")
+    assert (d / "z" / "y" / "f").read_bytes() == b"f"
+    assert err(os.rename, d / "z", d / "z" / "y" / "inside") == errno.EINVAL
+    assert err(os.rename, d / "z", d / "full") == errno.ENOTEMPTY
+    assert err(os.rename, d / "z", d / "z" / "y" / "f") in (errno.ENOTDIR, errno.EINVAL)
+    assert err(os.rename, d / "z" / "y" / "f", d / "empty") == errno.EISDIR
+    os.rename(d / "z", d / "empty")  # over an empty directory
+    assert sorted(os.listdir(d)) == ["empty", "full"]
+    os.rename(d / "empty" / "y", d / "full" / "y")  # across parents
+    assert os.stat(d / "full").st_nlink == 3 and os.stat(d / "empty").st_nlink == 2
+    assert (d / "full" / "y" / "f").read_bytes() == b"f"
+    assert os.path.samefile(d / "full" / "y" / "..", d / "full")
+
+
+def test_rename_noreplace_and_exchange(d):
+    (d / "a").write_bytes(b"A")
+    (d / "b").write_bytes(b"B")
+    assert err(renameat2, d / "a", d / "b", RENAME_NOREPLACE) == errno.EEXIST
+    assert (d / "a").read_bytes() == b"A" and (d / "b").read_bytes() == b"B"
+    renameat2(d / "a", d / "c", RENAME_NOREPLACE)
+    assert sorted(os.listdir(d)) == ["b", "c"]
+    renameat2(d / "b", d / "c", RENAME_EXCHANGE)
+    assert (d / "b").read_bytes() == b"A" and (d / "c").read_bytes() == b"B"
+    assert err(renameat2, d / "b", d / "nothing", RENAME_EXCHANGE) == errno.ENOENT
+    os.mkdir(d / "dir")
+    (d / "dir" / "in").write_bytes(b"in")
+    renameat2(d / "b", d / "dir", RENAME_EXCHANGE)  # a file and a directory swap
+    assert (d / "b" / "in").read_bytes() == b"in" and (d / "dir").read_bytes() == b"A"
+
+
+def test_symlink_readlink(d):
+    (d / "target").write_bytes(b"data")
+    os.symlink("target", d / "link")
+    os.symlink("/nowhere/at/all", d / "dangling")
+    assert os.readlink(d / "link") == "target"
+    assert os.readlink(d / "dangling") == "/nowhere/at/all"
+    assert (d / "link").read_bytes() == b"data"
+    assert stat.S_ISLNK(os.lstat(d / "link").st_mode)
+    assert os.lstat(d / "link").st_size == len("target")
+    assert err(os.readlink, d / "target") == errno.EINVAL
+    assert err(os.stat, d / "dangling") == errno.ENOENT
+    assert err(os.symlink, "x", d / "link") == errno.EEXIST
+
+
+def test_hard_links(d):
+    p = d / "orig"
+    p.write_bytes(b"shared")
+    os.mkdir(d / "sub")
+    os.link(p, d / "l1")
+    os.link(p, d / "sub" / "l2")
+    assert os.stat(p).st_nlink == 3
+    assert os.stat(d / "sub" / "l2").st_ino == os.stat(p).st_ino
+    with open(d / "l1", "r+b") as f:
+        f.write(b"SH")
+    assert (d / "sub" / "l2").read_bytes() == b"SHared"
+    os.unlink(p)
+    assert os.stat(d / "l1").st_nlink == 2
+    assert err(os.link, d / "sub", d / "sublink") == errno.EPERM
+    assert err(os.link, d / "l1", d / "sub" / "l2") == errno.EEXIST
+    os.unlink(d / "l1")
+    assert os.stat(d / "sub" / "l2").st_nlink == 1
+    assert (d / "sub" / "l2").read_bytes() == b"SHared"
+
+
+# ---- the filesystem --------------------------------------------------------
+
+def test_statfs_reports_device_capacity(mnt, d):
+    """f_blocks is the devices' data area: 2 x 1 GiB less each device's superblock and journal."""
+    sv = os.statvfs(d)
+    data_units = sum(plan(os.path.getsize(dev), 1 << 20)[1] for dev in mnt.devices)
+    assert sv.f_frsize * sv.f_blocks == data_units << 20
+    assert 0.9 * (2 << 30) < sv.f_frsize * sv.f_blocks <= 2 << 30
+    assert sv.f_namemax == 255
+    assert sv.f_bfree <= sv.f_blocks and sv.f_bavail == sv.f_bfree
+    fd = os.open(mnt.path, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)  # let what earlier tests deleted be freed first
+    os.close(fd)
+    before = os.statvfs(d).f_bfree
+    with open(d / "f", "wb") as f:
+        f.write(os.urandom(8 << 20))
+        os.fsync(f.fileno())  # durable: the data now takes device space
+    after = os.statvfs(d).f_bfree
+    assert before - after >= (8 << 20) // sv.f_frsize
+
+
+def test_fsync_fdatasync_flush(d):
+    p = d / "f"
+    with open(p, "wb") as f:
+        f.write(b"x" * 100)
+        f.flush()
+        os.fsync(f.fileno())
+        os.fdatasync(f.fileno())
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    os.sync()
+    assert p.read_bytes() == b"x" * 100
+
+
+def test_xattrs(d):
+    p = d / "f"
+    p.write_bytes(b"")
+    os.setxattr(p, "user.one", b"1")
+    os.setxattr(p, "user.two", b"\x00binary\xff")
+    assert os.getxattr(p, "user.one") == b"1"
+    assert os.getxattr(p, "user.two") == b"\x00binary\xff"
+    assert sorted(os.listxattr(p)) == ["user.one", "user.two"]
+    assert err(os.getxattr, p, "user.missing") == errno.ENODATA
+    assert err(os.removexattr, p, "user.missing") == errno.ENODATA
+    assert err(os.setxattr, p, "user.one", b"x", os.XATTR_CREATE) == errno.EEXIST
+    assert err(os.setxattr, p, "user.new", b"x", os.XATTR_REPLACE) == errno.ENODATA
+    os.setxattr(p, "user.one", b"replaced", os.XATTR_REPLACE)
+    assert os.getxattr(p, "user.one") == b"replaced"
+    os.removexattr(p, "user.one")
+    assert os.listxattr(p) == ["user.two"]
+    os.setxattr(d, "user.ondir", b"d")
+    assert os.getxattr(d, "user.ondir") == b"d"
+
+
+def test_mmap_readonly_sees_bytes(d):
+    p = d / "m"
+    data = os.urandom((3 << 20) + 123)
+    p.write_bytes(data)
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert len(m) == len(data)
+        assert m[:100] == data[:100]
+        assert m[(1 << 20) - 5:(1 << 20) + 5] == data[(1 << 20) - 5:(1 << 20) + 5]
+        assert m[-7:] == data[-7:]
+        assert bytes(m) == data
+
+
+def _read_via(p: Path, how: str) -> bytes:
+    if how == "read":
+        with open(p, "rb") as f:
+            return f.read()
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return bytes(m)
+
+
+@pytest.mark.parametrize("how", ["read", "mmap"])
+@pytest.mark.parametrize("rewrite", ["in_place", "truncate", "rename"])
+def test_rewritten_file_shows_new_contents(d, how, rewrite):
+    p = d / "f"
+    old = os.urandom(256 << 10)
+    p.write_bytes(old)
+    for _ in range(2):  # the second read-only open keeps the page cache
+        assert _read_via(p, how) == old
+    new = os.urandom(256 << 10)
+    if rewrite == "in_place":
+        fd = os.open(p, os.O_WRONLY)
+        os.pwrite(fd, new[:4096], 0)
+        os.pwrite(fd, new[4096:], 4096)
+        os.close(fd)
+    elif rewrite == "truncate":
+        p.write_bytes(new)
+    else:
+        (d / "tmp").write_bytes(new)
+        os.rename(d / "tmp", p)
+    assert _read_via(p, how) == new
+    assert _read_via(p, how) == new
+
+
+def test_mmap_held_across_rewrite(d):
+    """A mapping made before a rewrite may show either version; a new open shows the new one."""
+    p = d / "f"
+    old = b"o" * 8192
+    p.write_bytes(old)
+    f = open(p, "rb")
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert m[:] == old
+    new = b"n" * 8192
+    with open(p, "r+b") as w:
+        w.write(new)
+    assert _read_via(p, "read") == new
+    assert _read_via(p, "mmap") == new
+    m.close()
+    f.close()
+
+
+@pytest.mark.parametrize("how", ["read", "mmap"])
+def test_rewrite_with_restored_mtime_shows_new_contents(d, how):
+    """Same size, same mtime (as cp -p / rsync -t leave it): only the open's keep_cache
+    decision can drop the stale page cache."""
+    p = d / "f"
+    old = b"1" * (64 << 10)
+    p.write_bytes(old)
+    st = os.stat(p)
+    for _ in range(2):
+        assert _read_via(p, how) == old
+    with open(p, "r+b") as f:
+        f.write(b"2" * (64 << 10))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(p).st_mtime_ns == st.st_mtime_ns
+    assert _read_via(p, how) == b"2" * (64 << 10)
