@@ -26,8 +26,21 @@ DEFAULT_MEMORY = "25%"
 
 def _log_path(mountpoint: str) -> str:
     base = os.environ.get("CKPTFS_LOG_DIR") or ("/var/log/ckptfs" if os.getuid() == 0 else "/tmp")
-    os.makedirs(base, exist_ok=True)
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the log directory {base}: {e.strerror} (set --log-file)", 1) from None
     return os.path.join(base, "ckptfs" + mountpoint.replace("/", "-") + ".log")
+
+
+def _check_log_file(args, mp: str) -> None:
+    """Settle the daemon's log file and check it can be written, before anything is changed."""
+    args.log_file = args.log_file or _log_path(mp)
+    try:
+        with open(args.log_file, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write the log file {args.log_file}: {e.strerror}", 1) from None
 
 
 def _mount(args) -> int:
@@ -37,11 +50,16 @@ def _mount(args) -> int:
     chunk = parse_size(args.chunk_size, what="--chunk-size")
     check_memory(memory)
     mp = check_mountpoint(args.mountpoint)
+    if not args.foreground:
+        _check_log_file(args, mp)
     check_fuse_device()
     devices = check_devices(args.devices)
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
     from .pool import open_pool
+    if args.format and memory < 2 * _chunk_size(args):
+        raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
+                         f"the memory must hold at least 2 chunks")
     if args.format:
         # here, not in the daemon: a refusal (another filesystem, too small) reaches the
         # terminal, and --force can override it as for `ckptfs format`
@@ -61,7 +79,7 @@ def _mount(args) -> int:
 
 
 def _spawn_daemon(args, mp: str) -> int:
-    log_path = args.log_file or _log_path(mp)
+    log_path = args.log_file  # checked by _check_log_file
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
@@ -270,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass
         return e.status
+    except OSError as e:  # not foreseen by a check: still one line, no traceback
+        print(f"ckptfs {args.command}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -146,6 +146,36 @@ def test_bad_memory(setup, memory, words):
     assert not is_mounted(mnt)
 
 
+def test_memory_smaller_than_two_chunks_formats_nothing(setup):
+    mnt, devs = setup
+    res = mount(mnt, devs, "--chunk-size", "64M", memory="64M")
+    assert_one_clear_line(res, "too small", "--chunk-size")
+    assert devs[0].read_bytes()[:4096] == bytes(4096)  # refused before formatting
+    assert not is_mounted(mnt)
+
+
+@pytest.mark.parametrize("option,value,words", [
+    ("--chunk-size", "3000", ("bad --chunk-size", "power of two")),
+    ("--chunk-size", "1K", ("bad --chunk-size",)),
+    ("--chunk-size", "0", ("bad --chunk-size",)),
+    ("--queue-depth", "0", ("bad --queue-depth",)),
+])
+def test_bad_tunables(setup, option, value, words):
+    mnt, devs = setup
+    assert_one_clear_line(mount(mnt, devs, option, value), *words)
+    assert not is_mounted(mnt)
+
+
+def test_log_file_that_cannot_be_written(setup, tmp_path):
+    mnt, devs = setup
+    log = tmp_path / "no" / "such" / "dir" / "daemon.log"
+    res = ckptfs("mount", str(mnt), "--devices", ",".join(map(str, devs)), "--memory", "64M",
+                 "--format", "--log-file", str(log))
+    assert_one_clear_line(res, "log file", str(log))
+    assert devs[0].read_bytes()[:4096] == bytes(4096)  # refused before formatting
+    assert not is_mounted(mnt)
+
+
 def test_memory_larger_than_ram(setup):
     mnt, devs = setup
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
