@@ -2,17 +2,19 @@
 
 A hypothesis state machine applies each operation (open/create with assorted
 flags, pwrite at random offsets, append, read, truncate, unlink, rename over
-files and directories, mkdir, rmdir, link, symlink, fsync, close) both to a
-directory on ckptfs and to a reference directory on the machine's own
-filesystem. When an operation fails, both sides must fail with the same errno;
+files and directories, RENAME_NOREPLACE/EXCHANGE, mkdir, rmdir, link, symlink,
+chmod, fsync, close) both to a directory on ckptfs and to a reference directory
+on the machine's own filesystem. When an operation fails, both sides must fail with the same errno;
 after every step the trees must agree: names, types, modes, sizes, link counts,
 contents, symlink targets, and what every open descriptor sees.
 
-One mount serves the whole run, with a 64 KiB chunk so small files cross chunk
-boundaries; the directories are emptied between examples.
+One mount per memory setting serves the whole run, with a 64 KiB chunk so small
+files cross chunk boundaries; the directories are emptied between examples.
+CKPTFS_MODEL_EXAMPLES=1000 makes a longer hunt.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
@@ -50,6 +52,17 @@ OPEN_FLAGS = [
     os.O_RDWR | os.O_APPEND | os.O_CREAT,
     os.O_RDONLY | os.O_TRUNC,
 ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+RENAME_FLAGS = [1, 2]  # RENAME_NOREPLACE, RENAME_EXCHANGE
+
+
+def renameat2(old: str, new: str, flags: int) -> None:
+    if _libc.syscall(ctypes.c_long(316), -100, os.fsencode(old), -100, os.fsencode(new),  # x86_64
+                     ctypes.c_uint(flags)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), old)
 
 
 @pytest.fixture(scope="module", params=["256M", "1M"], ids=["roomy", "tight-memory"])
@@ -162,6 +175,10 @@ class FsModel(RuleBasedStateMachine):
     @rule(src=any_path, dst=any_path)
     def rename(self, src, dst):
         self.both(os.rename, src, dst)
+
+    @rule(src=any_path, dst=any_path, flags=st.sampled_from(RENAME_FLAGS))
+    def rename_flags(self, src, dst, flags):
+        self.both(renameat2, src, dst, raw=(flags,))
 
     @rule(p=dirs.filter(bool))
     def mkdir(self, p):

@@ -9,7 +9,10 @@ import ctypes
 import errno
 import mmap
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,13 +38,17 @@ def renameat2(old, new, flags: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnt(tmp_path_factory):
-    m = CkptMount(tmp_path_factory.mktemp("posix"))
+def mnt():
+    # under a 0755 directory, so that other users (test_other_users_...) can reach the mount
+    root = Path(tempfile.mkdtemp(prefix="ckptfs-posix-", dir="/tmp"))
+    root.chmod(0o755)
+    m = CkptMount(root)
     m.mount()
     try:
         yield m
     finally:
         m.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -489,3 +496,62 @@ def test_rewrite_with_restored_mtime_shows_new_contents(d, how):
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(p).st_mtime_ns == st.st_mtime_ns
     assert _read_via(p, how) == b"2" * (64 << 10)
+
+
+def test_dot_entries_listed(d):
+    (d / "x").write_bytes(b"")
+    out = subprocess.run(["ls", "-a1", str(d)], capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(out) == [".", "..", "x"]
+
+
+def test_shared_writable_mmap_of_writable_open_is_refused(d):
+    """Documented limit: files open for writing use direct_io, which cannot be mapped shared-writable."""
+    p = d / "f"
+    p.write_bytes(b"abc" * 4096)
+    with open(p, "r+b") as f:
+        with pytest.raises(OSError) as info:
+            mmap.mmap(f.fileno(), 0)
+        assert info.value.errno == errno.ENODEV
+        # a private (copy-on-write) mapping works, and writing to it changes nothing on disk
+        with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            assert m[:6] == b"abcabc"
+            m[:3] = b"XYZ"
+    assert p.read_bytes()[:6] == b"abcabc"
+
+
+def test_timestamps(d):
+    t0 = os.stat(d).st_mtime_ns
+    (d / "f").write_bytes(b"1")
+    t1 = os.stat(d).st_mtime_ns
+    assert t1 >= t0 and os.stat(d).st_ctime_ns >= t0  # creating an entry moves the directory's times
+    st = os.stat(d / "f")
+    os.chmod(d / "f", 0o600)
+    st2 = os.stat(d / "f")
+    assert st2.st_mtime_ns == st.st_mtime_ns and st2.st_ctime_ns >= st.st_ctime_ns
+    os.utime(d / "f", ns=(5, 5))
+    os.utime(d / "f")  # UTIME_NOW
+    import time
+    assert abs(os.stat(d / "f").st_mtime_ns - time.time_ns()) < 60 * 10**9
+    os.unlink(d / "f")
+    assert os.stat(d).st_mtime_ns >= t1
+
+
+def test_other_users_get_their_own_ids_and_permissions(mnt, d):
+    """The mount is shared (allow_other) and enforces modes (default_permissions)."""
+    os.chmod(d, 0o777)
+    (d / "roots").write_bytes(b"secret")
+    os.chmod(d / "roots", 0o600)
+
+    def as_nobody(*cmd):
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd],
+                              capture_output=True, text=True)
+    res = as_nobody("sh", "-c", f"echo hi > {d}/mine && cat {d}/mine")
+    assert res.returncode == 0 and res.stdout == "hi\n", res.stderr
+    st = os.stat(d / "mine")
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    res = as_nobody("cat", str(d / "roots"))
+    assert res.returncode != 0 and "Permission denied" in res.stderr
+    res = as_nobody("sh", "-c", f"echo x >> {d}/roots")
+    assert res.returncode != 0 and "Permission denied" in res.stderr
+    assert (d / "roots").read_bytes() == b"secret"
