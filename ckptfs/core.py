@@ -135,6 +135,12 @@ class Filesystem:
         return self.ns.get(ino)
 
     def _make(self, parent: int, name: bytes, mode: int, uid: int, gid: int, **kw) -> Inode:
+        pdir = self.ns.get(parent)
+        if pdir.mode & stat.S_ISGID and pdir.is_dir:
+            # a setgid directory passes on its group (and, to subdirectories, the bit), as on ext4
+            gid = pdir.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
         inode = self.ns.make(parent, name, mode, uid, gid, **kw)
         if inode.is_reg:
             inode.data = FileData(self.owner, inode.ino)

@@ -590,3 +590,14 @@ def test_fs_setattr_metadata(fs):
     assert stat.S_ISREG(inode.mode) and stat.S_IMODE(inode.mode) == 0o4700
     assert (inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns) == (5, 6, 123, 456_000_000_789)
     fs.release(fh)
+
+
+def test_fs_setgid_directory_passes_on_its_group(fs):
+    d = fs.mkdir(ROOT_INO, b"d", 0o2775, 0, 1234)
+    assert d.mode & stat.S_ISGID and d.gid == 1234
+    fh, f = create(fs, b"f", parent=d.ino)
+    sub = fs.mkdir(d.ino, b"sub", 0o755, 5, 6)
+    assert f.gid == 1234 and sub.gid == 1234 and sub.mode & stat.S_ISGID
+    plain = fs.mkdir(ROOT_INO, b"plain", 0o755, 5, 6)
+    assert plain.gid == 6 and not plain.mode & stat.S_ISGID
+    fs.release(fh)

@@ -524,17 +524,17 @@ def test_timestamps(d):
     t0 = os.stat(d).st_mtime_ns
     (d / "f").write_bytes(b"1")
     t1 = os.stat(d).st_mtime_ns
-    assert t1 >= t0 and os.stat(d).st_ctime_ns >= t0  # creating an entry moves the directory's times
+    assert t1 > t0 and os.stat(d).st_ctime_ns > t0  # creating an entry moves the directory's times
     st = os.stat(d / "f")
     os.chmod(d / "f", 0o600)
     st2 = os.stat(d / "f")
-    assert st2.st_mtime_ns == st.st_mtime_ns and st2.st_ctime_ns >= st.st_ctime_ns
+    assert st2.st_mtime_ns == st.st_mtime_ns and st2.st_ctime_ns > st.st_ctime_ns
     os.utime(d / "f", ns=(5, 5))
     os.utime(d / "f")  # UTIME_NOW
     import time
     assert abs(os.stat(d / "f").st_mtime_ns - time.time_ns()) < 60 * 10**9
     os.unlink(d / "f")
-    assert os.stat(d).st_mtime_ns >= t1
+    assert os.stat(d).st_mtime_ns > t1
 
 
 def test_other_users_get_their_own_ids_and_permissions(mnt, d):
@@ -555,3 +555,13 @@ def test_other_users_get_their_own_ids_and_permissions(mnt, d):
     res = as_nobody("sh", "-c", f"echo x >> {d}/roots")
     assert res.returncode != 0 and "Permission denied" in res.stderr
     assert (d / "roots").read_bytes() == b"secret"
+
+
+def test_setgid_directory_passes_on_its_group(d):
+    os.chown(d, 0, 1234)
+    os.chmod(d, 0o2775)
+    (d / "f").write_bytes(b"")
+    os.mkdir(d / "sub")
+    assert os.stat(d / "f").st_gid == 1234
+    st = os.stat(d / "sub")
+    assert st.st_gid == 1234 and st.st_mode & stat.S_ISGID
