@@ -51,6 +51,12 @@ def check_mountpoint(path: str) -> str:
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"mountpoint {mp} is not a directory")
     if os.path.ismount(mp):
+        try:
+            os.statvfs(mp)  # never answered from the kernel's caches: a dead daemon shows here
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                raise UsageError(f"mountpoint {mp} holds a stale FUSE mount (transport endpoint is not "
+                                 f"connected): run 'ckptfs umount {mp}' first") from None
         raise UsageError(f"mountpoint {mp} is already mounted: unmount it or choose another directory")
     return mp
 

@@ -362,3 +362,17 @@ def test_daemon_survives_bad_requests(ckpt):
     assert (p / "file").read_bytes()[:7] == b"content"
     assert sorted(os.listdir(p)) == ["after", "dir", "fifo", "file"]
     assert "Traceback" not in ckpt.log_text() and "unexpected error" not in ckpt.log_text()
+
+
+def test_stale_mount_after_a_killed_daemon(ckpt, tmp_path):
+    """A SIGKILLed daemon leaves a dead mount: mount refuses it clearly, umount clears it."""
+    ckpt.kill(clear=False)
+    assert is_mounted(ckpt.path)
+    res = ckptfs("mount", str(ckpt.path), "--devices", ckpt.device_arg, "--memory", "64M",
+                 "--log-file", str(tmp_path / "again.log"))
+    assert_one_clear_line(res, "stale", "ckptfs umount")
+    res = ckptfs("umount", str(ckpt.path))
+    assert res.returncode == 0 and "stale mount cleared" in res.stdout, res.stderr
+    assert not is_mounted(ckpt.path)
+    ckpt.mount()  # and the devices mount again
+    assert os.listdir(ckpt.path) == []
