@@ -69,7 +69,7 @@ def _mount(args) -> int:
     cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
                       chunk_size=chunk, capacity=sum(d.size for d in devices),
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
-                      fsync_absorb=args.fsync == "absorb")
+                      fsync_absorb=args.fsync == "absorb", drain_policy=args.drain)
     if args.foreground:
         target = {"filename": args.log_file} if args.log_file and args.ready_fd is None else {"stream": sys.stderr}
         logging.basicConfig(level=getattr(logging, args.log_level.upper()),
@@ -83,7 +83,7 @@ def _spawn_daemon(args, mp: str) -> int:
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
-           "--log-level", args.log_level, "--queue-depth", str(args.queue_depth),
+           "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
            "--fsync", args.fsync, "--ready-fd", str(w)]  # --format was done by _mount
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
@@ -251,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fsync", choices=["durable", "absorb"], default="durable",
                    help="durable (default): fsync waits for the devices; absorb: fsync returns at once")
     m.add_argument("--queue-depth", type=int, default=8, help="I/Os in flight per device (default 8)")
+    m.add_argument("--drain", choices=["absorb-first", "eager"], default="absorb-first",
+                   help="absorb-first (default): while writes stream in and memory is plentiful, hold "
+                        "the drain so saves return fastest; eager: drain chunks as soon as they fill "
+                        "(best when the devices, not the CPU, are the bottleneck)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 

@@ -43,6 +43,7 @@ class MountConfig:
     format: bool = False
     queue_depth: int = 8
     fsync_absorb: bool = False
+    drain_policy: str = "absorb-first"
     journal_half: int = DEFAULT_JOURNAL_HALF
 
 
@@ -82,7 +83,8 @@ def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, St
         log.warning("%s", w)
     arena = Arena(cfg.memory, pool.sbs[0].chunk_size)
     store = Store(arena, pool.devices, pool.sbs, rec.durable, half=rec.half, tail=rec.tail,
-                  seq=rec.seq, queue_depth=cfg.queue_depth, fsync_absorb=cfg.fsync_absorb)
+                  seq=rec.seq, queue_depth=cfg.queue_depth, fsync_absorb=cfg.fsync_absorb,
+                  drain_policy=cfg.drain_policy)
     ns = live_namespace(rec.records, rec.durable.alloc, store)
     fs = Filesystem(arena, capacity_bytes=store.capacity_bytes(), owner=store, durability=store, ns=ns)
     store.attach(fs.ns)

@@ -27,7 +27,7 @@ from .journal import Extent
 from .tasks import gather
 
 log = logging.getLogger("ckptfs.drain")
-BATCH = 4  # chunks one worker writes per trip to a device (4 MiB at the default chunk size)
+BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
 
 
 class Drainer:
@@ -39,6 +39,9 @@ class Drainer:
         while True:
             while not queue:
                 await self.s._work[dev].park()
+            if not self.s._gate.is_set():
+                await self.s._gate.wait()
+                continue
             batch = []
             while queue and len(batch) < BATCH:
                 _, chunk = queue.popitem(last=False)

@@ -37,7 +37,7 @@ import trio
 from .arena import Arena
 from .committer import Committer
 from .device import BlockDevice
-from .drain import Drainer
+from .drain import BATCH, Drainer
 from .durable import DurableState
 from .errors import DeviceError, DevicesFull, FsError, NoSpace, fs_error
 from .filemap import Chunk
@@ -46,6 +46,9 @@ from .layout import Superblock
 from .namespace import Inode, Namespace
 
 log = logging.getLogger("ckptfs.store")
+TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
+HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
+HOLD_POLL = 0.005
 
 
 @dataclass
@@ -84,7 +87,7 @@ class DeviceStats:
 class Store:
     def __init__(self, arena: Arena, devices: list[BlockDevice], sbs: list[Superblock],
                  durable: DurableState, *, half: int, tail: int, seq: int, queue_depth: int = 8,
-                 fsync_absorb: bool = False):
+                 fsync_absorb: bool = False, drain_policy: str = "absorb-first"):
         self.arena = arena
         self.chunk_size = arena.chunk_size
         self.devices = devices
@@ -95,6 +98,7 @@ class Store:
         self.half, self.tail, self.seq = half, tail, seq
         self.queue_depth = queue_depth
         self.fsync_absorb = fsync_absorb
+        self.drain_policy = drain_policy  # "absorb-first" or "eager"
         self.ns: Namespace | None = None  # the live namespace, set by attach()
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
@@ -113,6 +117,12 @@ class Store:
         self._work = [trio.lowlevel.ParkingLot() for _ in devices]
         self._journal_lot = trio.lowlevel.ParkingLot()
         self._progress = trio.lowlevel.ParkingLot()  # drains, commits, frees
+        self._tick = trio.Event()  # set when a partial batch waits for the ticker
+        self._gate = trio.Event()  # drain workers pass only while it is set (see _gatekeeper)
+        self._gate.set()
+        self._writes_started = trio.Event()
+        self._last_write = -1.0
+        self._sync_waiters = 0
         self._fetching: dict[int, trio.Event] = {}
         self.closing = False
         self.drainer = Drainer(self)
@@ -138,6 +148,7 @@ class Store:
                 slot, chunk.slot = chunk.slot, None
                 return slot
         # nothing clean to evict: let partial chunks drain too, then the caller waits
+        self._gate.set()
         for key, chunk in list(self.unsealed.items()):
             del self.unsealed[key]
             self._queue(chunk)
@@ -194,8 +205,14 @@ class Store:
             return
         chunk.queued = True
         dev = self.alloc.preferred(chunk.ino, chunk.idx)
-        self.ready[dev][id(chunk)] = chunk
-        self._work[dev].unpark()
+        queue = self.ready[dev]
+        queue[id(chunk)] = chunk
+        # wake a worker for a full batch (large I/Os, few thread hand-offs) or when someone
+        # waits for this chunk; the drain ticker picks up partial batches a moment later
+        if len(queue) >= BATCH or chunk.pins or not self.arena.free_slots:
+            self._work[dev].unpark()
+        else:
+            self._tick.set()
 
     # ---- Durability --------------------------------------------------------
     def _append(self, p: Pending) -> Pending:
@@ -265,6 +282,9 @@ class Store:
 
     def dirtied(self, inode: Inode) -> None:
         self.dirty_inodes.add(inode.ino)
+        self._last_write = trio.current_time()
+        if self._gate.is_set() and self.drain_policy == "absorb-first":
+            self._writes_started.set()  # the gatekeeper may hold the drain back
 
     def closed(self, inode: Inode) -> None:
         made = self._flush_deferred(inode.ino)
@@ -332,16 +352,20 @@ class Store:
             return
         target = self.next_index - 1
         log.debug("sync(%s): waiting for record %d (committed %d)", ino, target, self.committed)
-        while self.committed < target:
-            if ino is not None and ino in self.errors:
-                raise fs_error(self.errors[ino], f"data of inode {ino} could not be written")
-            if ino is None and self.last_error:
-                raise FsError(self.last_error, errno.EIO)
-            await self._progress.park()
+        self._sync_waiters += 1
+        self._gate.set()  # someone waits: drain at full speed
+        try:
+            while self.committed < target:
+                if ino is not None and ino in self.errors:
+                    raise fs_error(self.errors[ino], f"data of inode {ino} could not be written")
+                if ino is None and self.last_error:
+                    raise FsError(self.last_error, errno.EIO)
+                await self._progress.park()
+        finally:
+            self._sync_waiters -= 1
         if ino is not None and ino in self.errors:
             raise fs_error(self.errors.pop(ino))
 
-    # ---- tasks ---------------------------------------------------------------
     # ---- tasks -----------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The background tasks: queue-depth drain workers per device, and the journal writer."""
@@ -350,7 +374,38 @@ class Store:
                 for _ in range(self.queue_depth):
                     nursery.start_soon(self.drainer.worker, d)
             nursery.start_soon(self.committer.run)
+            nursery.start_soon(self._ticker)
+            nursery.start_soon(self._gatekeeper)
             task_status.started()
+
+    def _hold_back(self) -> bool:
+        """Absorb first: hold the drain while writes stream in and nothing presses."""
+        return (self.drain_policy == "absorb-first"
+                and trio.current_time() - self._last_write < HOLD_IDLE
+                and not self._sync_waiters and not self.closing
+                and self.arena.free_slots * 2 > self.arena.nslots)
+
+    async def _gatekeeper(self) -> None:
+        """Opens the drain gate when writes pause, memory fills up, or someone waits."""
+        while True:
+            if self._hold_back():
+                if self._gate.is_set():
+                    self._gate = trio.Event()
+                await trio.sleep(HOLD_POLL)
+            else:
+                self._gate.set()
+                await self._writes_started.wait()
+                self._writes_started = trio.Event()
+
+    async def _ticker(self) -> None:
+        """Start partial batches that waited TICK seconds for company."""
+        while True:
+            await self._tick.wait()
+            await trio.sleep(TICK)
+            self._tick = trio.Event()
+            for d, queue in enumerate(self.ready):
+                if queue:
+                    self._work[d].unpark()
 
     async def fetch(self, chunks: list[Chunk]) -> None:
         await self.drainer.fetch(chunks)
