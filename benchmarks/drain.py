@@ -83,11 +83,11 @@ def run_raw(devs: Devices, total: int) -> float:
     return float(out)
 
 
-def run_ckptfs(devs: Devices, scratch: Path, total: int, payload: str, memory: str) -> dict:
+def run_ckptfs(devs: Devices, scratch: Path, total: int, payload: str, memory: str, policy: str) -> dict:
     mp = scratch / "mnt"
     mp.mkdir(exist_ok=True)
-    ckptfs("mount", str(mp), "--devices", ",".join(devs.paths), "--memory", memory, "--format",
-           "--queue-depth", str(QUEUE_DEPTH), "--log-file", str(scratch / "daemon.log"))
+    ckptfs("mount", str(mp), "--devices", ",".join(devs.paths), "--memory", memory, "--format", "--force",
+           "--queue-depth", str(QUEUE_DEPTH), "--drain", policy, "--log-file", str(scratch / "daemon.log"))
     try:
         devs.confine(int(os.getxattr(mp, "user.ckptfs.pid")))
         res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "durable_save.py"),
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--throttle", default="0", help="per-device write limit, e.g. 200M (loop devices + blkio)")
     ap.add_argument("--payload", default="bytes,torch")
     ap.add_argument("--memory", default="3G")
+    ap.add_argument("--drain", default="absorb-first", choices=["absorb-first", "eager"], help="ckptfs drain policy")
     ap.add_argument("--scratch", default=str(ROOT / "scratch" / "drain"))
     ap.add_argument("--name", default=None, help="results file name (default drain or drain-throttled)")
     args = ap.parse_args()
@@ -122,7 +123,7 @@ def main() -> None:
                 raw, ck, blocked = [], [], []
                 for _ in range(args.repeats):
                     raw.append(run_raw(devs, total))
-                    r = run_ckptfs(devs, scratch, total, payload, args.memory)
+                    r = run_ckptfs(devs, scratch, total, payload, args.memory, args.drain)
                     ck.append(r["durable"])
                     blocked.append(r["blocked"])
                     size = r["bytes"]
@@ -144,7 +145,7 @@ def main() -> None:
                      f"{statistics.median(r['ckptfs_blocked_s']):.2f} |")
     print("\n".join(table))
     name = args.name or ("drain-throttled" if throttle else "drain")
-    write_results(name, {"machine": machine(), "throttle_bps": throttle, "size": total,
+    write_results(name, {"machine": machine(), "throttle_bps": throttle, "size": total, "drain": args.drain,
                          "queue_depth": QUEUE_DEPTH, "rows": rows, "table": "\n".join(table)})
 
 
