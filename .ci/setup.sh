@@ -21,4 +21,4 @@ PY="${PYTHON:-python3}"
   echo "ckptfs setup: Python 3.11+ is required ($("$PY" --version))" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c' || { echo "ckptfs setup: install failed" >&2; exit 1; }
+"$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c, prometheus_client, rich' || { echo "ckptfs setup: install failed" >&2; exit 1; }

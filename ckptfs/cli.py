@@ -1,4 +1,4 @@
-"""The `ckptfs` command line: format, mount, umount, sync, fsck.
+"""The `ckptfs` command line: format, mount, umount, sync, fsck, status, wait.
 
 Every check that can fail on bad input runs here, in the calling process,
 before anything is mounted, so the user sees one clear line and a non-zero
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import os
 import subprocess
 import sys
@@ -34,13 +33,19 @@ def _log_path(mountpoint: str) -> str:
 
 
 def _check_log_file(args, mp: str) -> None:
-    """Settle the daemon's log file and check it can be written, before anything is changed."""
-    args.log_file = args.log_file or _log_path(mp)
-    try:
-        with open(args.log_file, "ab"):
-            pass
-    except OSError as e:
-        raise UsageError(f"cannot write the log file {args.log_file}: {e.strerror}", 1) from None
+    """Settle the daemon's log file and check it can be written (without creating it yet),
+    before anything is changed."""
+    args.log_file = os.path.abspath(args.log_file or _log_path(mp))
+    where = args.log_file if os.path.exists(args.log_file) else os.path.dirname(args.log_file)
+    if not os.path.isdir(os.path.dirname(args.log_file)):
+        problem = "its directory does not exist"
+    elif os.path.isdir(args.log_file):
+        problem = "it is a directory"
+    elif not os.access(where, os.W_OK):
+        problem = "permission denied"
+    else:
+        return
+    raise UsageError(f"cannot write the log file {args.log_file}: {problem}", 1)
 
 
 def _mount(args) -> int:
@@ -69,11 +74,13 @@ def _mount(args) -> int:
     cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
                       chunk_size=chunk, capacity=sum(d.size for d in devices),
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
-                      fsync_absorb=args.fsync == "absorb", drain_policy=args.drain)
+                      fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
+                      metrics_port=args.metrics_port, metrics_addr=args.metrics_addr)
     if args.foreground:
-        target = {"filename": args.log_file} if args.log_file and args.ready_fd is None else {"stream": sys.stderr}
-        logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", **target)
+        from .logs import setup
+        # detached (--ready-fd), the daemon's stderr is its log file already
+        to_file = args.log_file if args.log_file and args.ready_fd is None else None
+        setup(args.log_level, filename=to_file, json_lines=args.log_format == "json")
         return serve(cfg)
     return _spawn_daemon(args, mp)
 
@@ -84,7 +91,10 @@ def _spawn_daemon(args, mp: str) -> int:
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
-           "--fsync", args.fsync, "--ready-fd", str(w)]  # --format was done by _mount
+           "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
+           "--log-format", args.log_format, "--metrics-addr", args.metrics_addr]
+    if args.metrics_port is not None:
+        cmd += ["--metrics-port", str(args.metrics_port)]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -196,15 +206,19 @@ def _umount(args) -> int:
         stale = pid < 0
     else:
         raise UsageError(f"{mp} is not mounted", 1)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
     if not stale:
-        _sync(args)  # drain while still mounted, so a device error is reported here
+        # drain while still mounted (with progress on a terminal), so a device error is reported here
+        from .console import drain_for_umount
+        if not drain_for_umount(mp, args.timeout):
+            _sync(args)
     cmd = ["fusermount3", "-u"] + (["-z"] if stale else []) + [mp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "fusermount3 failed"
         raise UsageError(f"cannot unmount {mp}: {msg}", 1)
     if not stale:
-        _wait_exit(pid, args.timeout)
+        _wait_exit(pid, None if deadline is None else max(0.0, deadline - time.monotonic()))
     print(f"ckptfs unmounted {mp}" + (" (stale mount cleared)" if stale else ""))
     return 0
 
@@ -233,6 +247,36 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _status(args) -> int:
+    from .console import status
+    return status(args)
+
+
+def _wait(args) -> int:
+    from .console import wait
+    return wait(args)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"bad port {text!r}: must be 0-65535")
+    return port
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"bad value {text!r}: must be a positive number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ckptfs", description="A checkpoint filesystem for deep-learning training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -255,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="absorb-first (default): while writes stream in and memory is plentiful, hold "
                         "the drain so saves return fastest; eager: drain chunks as soon as they fill "
                         "(best when the devices, not the CPU, are the bottleneck)")
+    m.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="text (default): 'TIME LEVEL EVENT key=value ...' lines; json: one object per line")
+    m.add_argument("--metrics-port", type=_port, default=None,
+                   help="serve Prometheus metrics on this port (off by default; 0: any free port, "
+                        "shown by ckptfs status)")
+    m.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address the metrics endpoint binds to (default 127.0.0.1, this machine only)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 
@@ -277,6 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint")
     u.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
     u.set_defaults(func=_umount)
+
+    s = sub.add_parser("status", help="pool, memory, files not yet durable, rates and ETA")
+    s.add_argument("mountpoint")
+    s.add_argument("--json", action="store_true", help="print the snapshot as JSON (with --watch: one per line)")
+    s.add_argument("--watch", "-w", action="store_true", help="refresh every --interval seconds until Ctrl-C")
+    s.add_argument("--interval", type=_positive, default=1.0,
+                   help="seconds between refreshes, and the window of the rates (default 1)")
+    s.add_argument("--limit", type=int, default=20, help="files listed in the table (default 20; --json lists all)")
+    s.set_defaults(func=_status)
+
+    w = sub.add_parser("wait", help="wait until files (or, given the mountpoint, everything) are durable")
+    w.add_argument("paths", nargs="+", metavar="PATH")
+    w.add_argument("--timeout", type=_positive, default=None,
+                   help="give up after this many seconds (exit status 124)")
+    w.add_argument("--quiet", "-q", action="store_true", help="no progress bar even on a terminal")
+    w.set_defaults(func=_wait)
     return p
 
 

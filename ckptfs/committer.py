@@ -73,6 +73,8 @@ class Committer:
                 if p.rec is None and not p.void:
                     self.s.errors.pop(p.ino, None)
             self.s.committed = batch[-1].index
+            for hook in self.s.on_commit:
+                hook(batch)
             self.s._progress.unpark_all()
 
     async def _commit(self, batch: list[Pending]) -> None:

@@ -22,10 +22,13 @@ import pyfuse3
 import trio
 
 from .arena import Arena
+from .control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .core import Filesystem
 from .errors import UsageError
 from .fuse_ops import Operations
 from .layout import DEFAULT_JOURNAL_HALF
+from .monitor import Monitor
+from .namespace import ROOT_INO
 from .pool import format_pool, live_namespace, open_pool, recover
 from .store import Store
 
@@ -45,6 +48,8 @@ class MountConfig:
     fsync_absorb: bool = False
     drain_policy: str = "absorb-first"
     journal_half: int = DEFAULT_JOURNAL_HALF
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    metrics_addr: str = "127.0.0.1"
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -91,6 +96,41 @@ def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, St
     return fs, store
 
 
+def operations(fs: Filesystem, store: Store, monitor: Monitor,
+               extra_xattrs: dict | None = None) -> Operations:
+    """The FUSE adapter over the store, with its hooks: backpressure (counted by the monitor),
+    fetches, fsync, the absorbed-bytes counter and the virtual xattrs."""
+    async def room(_fs, _fh, devices_full=False) -> bool:
+        return await monitor.room(devices_full)
+
+    def absorbed(n: int) -> None:
+        store.bytes_absorbed += n
+
+    def state(ino: int) -> bytes | None:
+        inode = fs.ns.inodes.get(ino)
+        if inode is None or not (inode.is_reg or inode.is_dir):
+            return None  # the kernel keeps user.* xattrs to files and folders
+        return store.state(ino).encode()
+
+    xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
+              b"user.ckptfs.state": state, **(extra_xattrs or {})}
+    return Operations(fs, wait_for_room=room, fetch=store.fetch, on_fsync=store.sync,
+                      virtual_xattrs=xattrs, on_write=absorbed)
+
+
+def _start_metrics(cfg: MountConfig):
+    from .metrics import MetricsServer
+
+    server = MetricsServer(cfg.metrics_addr, cfg.metrics_port)
+    try:
+        server.start()
+    except OSError as e:
+        raise UsageError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: {e.strerror or e}", 1) \
+            from None
+    log.info("metrics.listening", extra={"fields": {"url": server.url}})
+    return server
+
+
 def serve(cfg: MountConfig) -> int:
     try:
         fs, store = build(cfg)
@@ -102,32 +142,51 @@ def serve(cfg: MountConfig) -> int:
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
 
-    async def room(_fs, _fh, devices_full=False) -> bool:
-        return await store.wait_for_room(devices_full)
-
-    ops = Operations(fs, wait_for_room=room, fetch=store.fetch, on_fsync=store.sync,
-                     virtual_xattrs={b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode(),
-                                     b"user.ckptfs.state": lambda ino: store.state(ino).encode()})
+    monitor = Monitor(store)
+    store.on_commit.append(monitor.on_commit)
+    control = ControlServer(socket_path(cfg.mountpoint), store, monitor,
+                            info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None})
+    ops = operations(fs, store, monitor, {
+        CONTROL_XATTR.encode(): lambda ino: control.path.encode() if ino == ROOT_INO else None})
+    metrics = None
+    if cfg.metrics_port is not None:
+        try:
+            metrics = _start_metrics(cfg)
+        except UsageError as e:
+            log.error("metrics.failed", extra={"fields": {"error": str(e)}})
+            _tell_parent(cfg.ready_fd, str(e))
+            store.close()
+            return 1
+        control.info["metrics_url"] = metrics.url
     stopped_by_signal = False
     mounted = False
 
     async def main() -> None:
         nonlocal stopped_by_signal, mounted
         await store.compact()
+        await control.bind()
+        if metrics is not None:
+            from .metrics import read_metrics
+            token = trio.lowlevel.current_trio_token()
+            metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
         pyfuse3.init(ops, cfg.mountpoint, _mount_options())
         mounted = True
-        log.info("mounted %s: memory %d bytes in %d chunks of %d, devices %s",
-                 cfg.mountpoint, fs.arena.capacity, fs.arena.nslots, fs.arena.chunk_size,
-                 ",".join(cfg.devices))
+        log.info("mounted", extra={"fields": {
+            "mountpoint": cfg.mountpoint, "memory": fs.arena.capacity, "chunks": fs.arena.nslots,
+            "chunk_size": fs.arena.chunk_size, "devices": ",".join(cfg.devices), "control": control.path,
+            "metrics": control.info["metrics_url"]}})
         _tell_parent(cfg.ready_fd, "OK")
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
+            nursery.start_soon(monitor.run)
+            await nursery.start(control.serve)
 
             async def watch_signals() -> None:
                 nonlocal stopped_by_signal
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for signum in signals:
-                        log.info("received %s: unmounting and draining", signal.Signals(signum).name)
+                        log.info("signal", extra={"fields": {"signal": signal.Signals(signum).name,
+                                                             "action": "unmount and drain"}})
                         res = await trio.run_process(["fusermount3", "-u", "-z", cfg.mountpoint],
                                                      check=False, capture_stderr=True)
                         if res.returncode != 0:
@@ -137,7 +196,8 @@ def serve(cfg: MountConfig) -> int:
 
             nursery.start_soon(watch_signals)
             await pyfuse3.main()
-            log.info("unmounting: draining %d pending commits", len(store.pending))
+            log.info("unmounting", extra={"fields": {"pending_records": len(store.pending),
+                                                     "bytes_to_drain": store.undrained_bytes()}})
             with trio.CancelScope(shield=True):
                 await store.drain_all()
             nursery.cancel_scope.cancel()
@@ -153,6 +213,10 @@ def serve(cfg: MountConfig) -> int:
     finally:
         if mounted:
             pyfuse3.close(unmount=stopped_by_signal)
+        control.close()
+        if metrics is not None:
+            metrics.stop()
         store.close()
-    log.info("unmounted %s: everything is on the devices", cfg.mountpoint)
+    log.info("unmounted", extra={"fields": {"mountpoint": cfg.mountpoint, "durable": True,
+                                            "bytes_drained": store.bytes_drained}})
     return 0

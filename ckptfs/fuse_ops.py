@@ -10,7 +10,9 @@ with ENOSPC; the durable store waits there for the drain (backpressure).
 
 Virtual extended attributes under ``user.ckptfs.`` are answered by
 `virtual_xattrs` callbacks (e.g. the daemon's pid on the root, used by
-``ckptfs umount``); they are never stored.
+``ckptfs umount``; ``user.ckptfs.state`` on every file); they are never
+stored. A callback returns None where its attribute does not apply (ENODATA,
+and not listed); listxattr lists the others after the stored ones.
 """
 from __future__ import annotations
 
@@ -66,13 +68,15 @@ class Operations(pyfuse3.Operations):
                  wait_for_room: Callable[[Filesystem, int, bool], Awaitable[bool]] = _no_room,
                  virtual_xattrs: dict[bytes, Callable[[int], bytes]] | None = None,
                  on_fsync: Callable[[int | None], Awaitable[None]] | None = None,
-                 fetch: Callable[[list], Awaitable[None]] = _no_fetch):
+                 fetch: Callable[[list], Awaitable[None]] = _no_fetch,
+                 on_write: Callable[[int], None] | None = None):
         super().__init__()
         self.fs = fs
         self.wait_for_room = wait_for_room
         self.fetch = fetch
         self.virtual_xattrs = virtual_xattrs or {}
         self.on_fsync = on_fsync
+        self.on_write = on_write  # hears the byte count of every write (the absorbed-bytes counter)
 
     def _attr(self, inode: Inode) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -205,6 +209,12 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def write(self, fh, off, buf):
+        n = await self._write(fh, off, buf)
+        if self.on_write is not None:
+            self.on_write(n)
+        return n
+
+    async def _write(self, fh, off, buf):
         done = 0
         view = memoryview(buf)
         while True:
@@ -239,9 +249,10 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode, name, ctx):
         if name.startswith(VIRTUAL_PREFIX):
             fn = self.virtual_xattrs.get(name)
-            if fn is None:
+            value = fn(inode) if fn is not None else None
+            if value is None:
                 raise pyfuse3.FUSEError(errno.ENODATA)
-            return fn(inode)
+            return value
         return self.fs.getxattr(inode, name)
 
     @_guard
@@ -252,7 +263,8 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode, ctx):
-        return self.fs.listxattr(inode)
+        names = self.fs.listxattr(inode)
+        return names + [name for name, fn in self.virtual_xattrs.items() if fn(inode) is not None]
 
     @_guard
     async def removexattr(self, inode, name, ctx):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import stat
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -62,6 +63,7 @@ class Pending:
     chunks: dict = field(default_factory=dict)  # idx -> Chunk (pinned) for content records
     void: bool = False
     group_end: int = -1  # this record and all up to group_end go in one frame
+    born: float = field(default_factory=time.monotonic)  # for the drain latency (monitor.py)
 
     def ready(self) -> bool:
         return self.void or all(c.drained for c in self.chunks.values())
@@ -132,6 +134,7 @@ class Store:
         self.bytes_skipped = 0
         self.records_voided = 0
         self.in_flight_drains = 0
+        self.on_commit: list = []  # callables(batch) after each journal commit (monitor.py)
 
     def attach(self, ns: Namespace) -> None:
         self.ns = ns

@@ -19,8 +19,9 @@ import threading
 import pyfuse3
 import trio
 
-from ckptfs.daemon import MountConfig, build
-from ckptfs.fuse_ops import Operations
+from ckptfs.control import ControlServer
+from ckptfs.daemon import MountConfig, build, operations
+from ckptfs.monitor import Monitor
 from ckptfs.namespace import ROOT_INO
 
 from faulty import FaultyDevice, make_faulty
@@ -42,17 +43,18 @@ def make_devices(n: int, size: int = 8 << 20) -> list[FaultyDevice]:
 
 class Driver:
     def __init__(self, devices: list[FaultyDevice], *, memory: int = 1 << 20, chunk_size: int = 64 << 10,
-                 journal_half: int = 256 << 10, fmt: bool = False, queue_depth: int = 2):
+                 journal_half: int = 256 << 10, fmt: bool = False, queue_depth: int = 2,
+                 control: str | None = None):
         self.devices = devices
         cfg = MountConfig(mountpoint="", devices=[d.path for d in devices], memory=memory,
                           chunk_size=chunk_size, capacity=0, format=fmt, journal_half=journal_half,
                           queue_depth=queue_depth)
         self.fs, self.store = build(cfg, devices)
-
-        async def room(_fs, _fh, devices_full=False) -> bool:
-            return await self.store.wait_for_room(devices_full)
-
-        self.ops = Operations(self.fs, wait_for_room=room, fetch=self.store.fetch, on_fsync=self.store.sync)
+        self.monitor = Monitor(self.store)
+        self.store.on_commit.append(self.monitor.on_commit)
+        self.ops = operations(self.fs, self.store, self.monitor)
+        # a control server on the socket path `control`, as the daemon runs one
+        self.control = ControlServer(control, self.store, self.monitor) if control else None
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -68,6 +70,9 @@ class Driver:
             await self.store.compact()
             async with trio.open_nursery() as n:
                 await n.start(self.store.run)
+                n.start_soon(self.monitor.run)
+                if self.control is not None:
+                    await n.start(self.control.serve)
                 self._ready.set()
                 await self._stop.wait()
                 n.cancel_scope.cancel()
@@ -79,6 +84,10 @@ class Driver:
 
     def call(self, afn, *args):
         return trio.from_thread.run(afn, *args, trio_token=self.token)
+
+    def call_sync(self, fn, *args):
+        """Run `fn` in the trio thread (where the store's state may be read consistently)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
     def unmount(self) -> None:
         """An orderly unmount: commit and drain everything, then stop."""

@@ -1,0 +1,259 @@
+"""The operator's commands: `ckptfs status`, `ckptfs wait`, and the progress `ckptfs umount` shows.
+
+They talk to the daemon over its control channel (control.py) and render
+with rich: tables for `status`, a live view for `status --watch`, a progress
+bar for `wait` and `umount` on a terminal (nothing when stderr is not one,
+so scripts and logs stay clean). `--json` prints the daemon's snapshot as it
+is (see status.py for the fields).
+
+Exit status of `ckptfs wait`: 0 when everything asked for is durable, 1 when
+a drain failed (the reason is printed) or the daemon cannot be asked, 2 for a
+bad path, 124 when --timeout passed first (as timeout(1)).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .api import DrainFailed, WaitTimeout, wait_paths
+from .control import Client, ControlError, control_path, mountpoint_of
+from .errors import UsageError
+
+TIMEOUT_STATUS = 124
+
+
+# ---- formatting ---------------------------------------------------------------------
+def human_bytes(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_rate(bps: float) -> str:
+    return human_bytes(bps) + "/s"
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    if s < 60:
+        return f"{s:.1f}s"
+    m, s = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+_STATE_STYLE = {"memory": "yellow", "draining": "cyan", "failed": "bold red", "durable": "green"}
+_HEALTH_STYLE = {"ok": "green", "errors": "yellow", "failing": "bold red"}
+
+
+def render(st: dict, limit: int = 20):
+    """A rich renderable of a status snapshot."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts = []
+    head = Text()
+    head.append("ckptfs ", style="bold")
+    head.append(f"{st.get('mountpoint', '?')}", style="bold")
+    head.append(f"  daemon pid {st.get('pid')}  up {human_seconds(st.get('uptime'))}")
+    if st.get("metrics_url"):
+        head.append(f"  metrics {st['metrics_url']}")
+    parts.append(head)
+
+    pool = st["pool"]
+    parts.append(Text(f"Pool: {len(pool['devices'])} device(s), {human_bytes(pool['used'])} used of "
+                      f"{human_bytes(pool['capacity'])} (rates over the last {st.get('interval', 0):.1f}s)"))
+    dev = Table(box=None, pad_edge=False, show_edge=False)
+    for col, just in (("#", "right"), ("device", "left"), ("capacity", "right"), ("used", "right"),
+                      ("health", "left"), ("write", "right"), ("read", "right"), ("errors", "right")):
+        dev.add_column(col, justify=just)
+    for d in pool["devices"]:
+        dev.add_row(str(d["index"]), d["path"], human_bytes(d["capacity"]), human_bytes(d["used"]),
+                    Text(d["health"], style=_HEALTH_STYLE.get(d["health"], "")), human_rate(d["write_bps"]),
+                    human_rate(d["read_bps"]), str(d["errors"]))
+    parts.append(dev)
+
+    mem = st["memory"]
+    parts.append(Text(f"Memory: {human_bytes(mem['arena'])} arena; {human_bytes(mem['undrained'])} not yet on "
+                      f"the devices, {human_bytes(mem['cached'])} cached, {human_bytes(mem['free'])} free"))
+
+    tot = st["totals"]
+    files = st["files"]
+    if tot["files_not_durable"]:
+        parts.append(Text(f"Not yet durable: {tot['files_not_durable']} file(s): {tot['files_draining']} draining, "
+                          f"{tot['files_memory']} in memory, {tot['files_failed']} failed"))
+        ft = Table(box=None, pad_edge=False, show_edge=False)
+        for col, just in (("state", "left"), ("progress", "right"), ("size", "right"), ("to drain", "right"),
+                          ("path", "left")):
+            ft.add_column(col, justify=just)
+        for f in files[:limit]:
+            state = f["state"] + (f" {f['errno']}" if f.get("errno") else "")
+            ft.add_row(Text(state, style=_STATE_STYLE.get(f["state"], "")), f"{100 * f['progress']:.0f}%",
+                       human_bytes(f["size"]), human_bytes(f["bytes"] - f["drained"]),
+                       f["path"] or f"(no name, inode {f['ino']})")
+        parts.append(ft)
+        more = tot["files_not_durable"] - min(limit, len(files))
+        if more > 0:
+            parts.append(Text(f"... and {more} more (ckptfs status --json lists them all)"))
+    if st.get("all_durable"):
+        parts.append(Text("Everything is durable.", style="green"))
+    else:
+        parts.append(Text(f"To drain: {human_bytes(tot['bytes_to_drain'])} at {human_rate(tot['drain_bps'])}; "
+                          f"ETA to all-durable {human_seconds(tot['eta_seconds'])} "
+                          f"({tot['records_pending']} journal record(s) pending)"))
+    lat = tot["drain_latency"]
+    parts.append(Text(f"Totals: absorbed {human_bytes(tot['bytes_absorbed'])}, drained "
+                      f"{human_bytes(tot['bytes_drained'])}, skipped as stale {human_bytes(tot['bytes_skipped'])}; "
+                      f"backpressure waits {tot['backpressure_waits']} ({tot['backpressure_seconds']:.1f}s); "
+                      f"close-to-durable latency last {human_seconds(lat['last'])}, "
+                      f"mean {human_seconds(lat['sum'] / lat['count']) if lat['count'] else 'n/a'}"))
+    if st.get("last_error"):
+        parts.append(Text(f"Last error: {st['last_error']}", style="bold red"))
+    return Group(*parts)
+
+
+# ---- status ---------------------------------------------------------------------------
+def _mount_of(path: str) -> str:
+    if not os.path.exists(path):
+        raise UsageError(f"{path} does not exist", 2)
+    return mountpoint_of(path)
+
+
+def status(args) -> int:
+    mp = _mount_of(args.mountpoint)
+    try:
+        ctl = control_path(mp)
+        with Client(ctl) as client:
+            if args.watch:
+                return _watch(client, args, mp)
+            st = client.request({"op": "status", "window": args.interval,
+                                 "limit": None if args.json else args.limit})["status"]
+    except ControlError as e:
+        raise UsageError(str(e), 1) from None
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        _console().print(render(st, args.limit))
+    return 0
+
+
+def _console():
+    from rich.console import Console
+    # into a pipe or file: wide lines rather than wrapped at 80 columns
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _watch(client: Client, args, mp: str) -> int:
+    from rich.live import Live
+
+    def fetch() -> dict:
+        return client.request({"op": "status", "window": args.interval,
+                               "limit": None if args.json else args.limit})["status"]
+
+    try:
+        if args.json:  # JSON lines, one snapshot per interval
+            while True:
+                print(json.dumps(fetch()), flush=True)
+                time.sleep(args.interval)
+        console = _console()
+        with Live(render(fetch(), args.limit), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(fetch(), args.limit), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    except ControlError:
+        print(f"ckptfs status: {mp} was unmounted (the daemon has exited)", file=sys.stderr)
+        return 0
+
+
+# ---- wait / umount progress ---------------------------------------------------------------
+class ProgressView:
+    """A progress bar per mount on stderr when it is a terminal; nothing otherwise."""
+
+    def __init__(self, enabled: bool, verb: str = "draining"):
+        self.enabled = enabled
+        self.verb = verb
+        self.tasks: dict[str, int] = {}
+        self.progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
+                                       TimeRemainingColumn, TransferSpeedColumn)
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                     DownloadColumn(binary_units=True), TransferSpeedColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[files]}"),
+                                     console=Console(stderr=True), transient=False)
+
+    def __enter__(self) -> "ProgressView":
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, mp: str, msg: dict) -> None:
+        if self.progress is None:
+            return
+        files = f"{msg.get('durable', 0)}/{msg.get('files', 0)} file(s) durable"
+        if msg.get("failing"):
+            files += f", {len(msg['failing'])} failing"
+        if not msg.get("files") and mp not in self.tasks:
+            return  # nothing was waiting: no bar
+        total = max(1, msg.get("bytes", 0))
+        done = total if msg.get("event") == "done" and msg.get("ok") else msg.get("done", 0)
+        if mp not in self.tasks:
+            self.tasks[mp] = self.progress.add_task(f"{self.verb} {mp}", total=total, files=files)
+        self.progress.update(self.tasks[mp], total=total, completed=done, files=files)
+
+
+def wait(args) -> int:
+    show = sys.stderr.isatty() and not args.quiet
+    t0 = time.monotonic()
+    try:
+        with ProgressView(show) as view:
+            results = wait_paths(args.paths, args.timeout, view.update)
+    except DrainFailed as e:
+        print(f"ckptfs wait: {e}", file=sys.stderr)
+        return 1
+    except WaitTimeout as e:
+        print(f"ckptfs wait: {e}", file=sys.stderr)
+        return TIMEOUT_STATUS
+    except ControlError as e:
+        print(f"ckptfs wait: {e}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as e:
+        print(f"ckptfs wait: {e.filename}: no such file or directory", file=sys.stderr)
+        return 2
+    if show:
+        files = sum(r.get("files", 0) for r in results.values())
+        print(f"durable: {files} file(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+def drain_for_umount(mp: str, timeout: float | None) -> bool:
+    """Make everything in `mp` durable with progress; False when the control channel cannot be used
+    (the caller falls back to a plain sync). Raises UsageError when the drain fails or times out."""
+    try:
+        control_path(mp)
+    except ControlError:
+        return False
+    try:
+        with ProgressView(sys.stderr.isatty(), verb="draining before unmount:") as view:
+            wait_paths([mp], timeout, view.update)
+    except (DrainFailed, WaitTimeout) as e:
+        raise UsageError(f"not unmounting {mp}: {e}", 1) from None
+    except ControlError:
+        return False
+    return True

@@ -1,0 +1,175 @@
+"""Prometheus metrics: off unless `ckptfs mount --metrics-port PORT`; bound to 127.0.0.1 by default.
+
+A custom collector reads the store's counters at scrape time, so the write
+and drain paths pay nothing for metrics. The HTTP server runs in
+prometheus_client's own thread; the store lives in the trio thread, so each
+scrape asks the trio loop for one consistent reading (`read_metrics`, run
+through `trio.from_thread.run_sync`) and converts it to metric families here.
+
+Metrics (all prefixed ``ckptfs_``):
+
+    bytes_absorbed_total        bytes written into the mount (absorbed in memory)
+    bytes_drained_total         file bytes written to the devices
+    bytes_skipped_total         bytes never drained because they went stale first
+                                (deleted, truncated or overwritten)
+    drain_latency_seconds       histogram: a close or fsync until its data is durable
+    memory_bytes{kind}          the arena: capacity, undrained, cached, free
+    backpressure_waits_total    writes that found the memory budget full and waited
+    backpressure_wait_seconds_total   time they spent waiting
+    device_written_bytes_total{device}, device_read_bytes_total{device}
+    device_write_bytes_per_second{device}, device_read_bytes_per_second{device}
+                                bandwidth over the last interval
+    device_errors_total{device} failed I/Os (writes, reads, flushes)
+    device_capacity_bytes{device}, device_used_bytes{device}
+    files{state}                files by state: memory, draining, failed, durable
+    records_pending             journal records waiting to be committed
+    records_voided_total        commits dropped because they were superseded
+    eta_seconds                 estimated time until everything is durable (NaN: unknown)
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+from .status import file_states
+
+log = logging.getLogger("ckptfs.metrics")
+
+
+def read_metrics(store, monitor, window: float = 2.0) -> dict:
+    """One consistent reading of everything exported (call in the trio thread)."""
+    rates = monitor.rates(window)
+    cs = store.chunk_size
+    states = file_states(store)
+    by_state = {"memory": 0, "draining": 0, "failed": 0}
+    regular_not_durable = 0
+    ns = store.ns
+    for ino, st in states.items():
+        by_state[st.state] += 1
+        inode = ns.inodes.get(ino) if ns is not None else None
+        if inode is not None and inode.is_reg:
+            regular_not_durable += 1
+    regular = sum(1 for i in ns.inodes.values() if i.is_reg and i.nlink > 0) if ns is not None else 0
+    by_state["durable"] = max(0, regular - regular_not_durable)
+    to_drain = sum(st.bytes - st.drained for st in states.values())
+    arena = store.arena
+    cached = sum(1 for c in store.lru.values() if c.slot is not None)
+    devices = []
+    for d, dev in enumerate(store.devices):
+        s = store.stats[d]
+        devices.append({"device": str(dev.path), "index": str(d), "written": s.bytes_written, "read": s.bytes_read,
+                        "errors": s.errors, "write_bps": rates.write_bps[d], "read_bps": rates.read_bps[d],
+                        "capacity": store.alloc.units[d] * cs,
+                        "used": (store.alloc.units[d] - store.alloc.free_units(d)) * cs})
+    lat = monitor.latency
+    return {
+        "absorbed": store.bytes_absorbed, "drained": store.bytes_drained, "skipped": store.bytes_skipped,
+        "latency": {"buckets": lat.cumulative(), "sum": lat.sum, "count": lat.count},
+        "memory": {"capacity": arena.capacity, "undrained": max(0, arena.used_slots - cached) * cs,
+                   "cached": cached * cs, "free": arena.free_slots * cs},
+        "backpressure_waits": monitor.backpressure_waits, "backpressure_seconds": monitor.backpressure_seconds,
+        "devices": devices, "files": by_state,
+        "records_pending": len(store.pending), "records_voided": store.records_voided,
+        "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
+    }
+
+
+class StoreCollector:
+    """A prometheus_client collector; `read()` returns `read_metrics(...)` or None (daemon not serving)."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        try:
+            m = self.read()
+        except Exception:  # noqa: BLE001 - e.g. the trio loop has ended: export nothing
+            log.debug("metrics reading failed", exc_info=True)
+            m = None
+        if m is None:
+            return []
+
+        def counter(name, doc, value):
+            return CounterMetricFamily(f"ckptfs_{name}", doc, value=value)
+
+        out = [
+            counter("bytes_absorbed", "Bytes written into the mount (absorbed in memory).", m["absorbed"]),
+            counter("bytes_drained", "File bytes written to the devices.", m["drained"]),
+            counter("bytes_skipped", "Bytes never drained because they went stale first "
+                    "(deleted, truncated or overwritten).", m["skipped"]),
+            counter("backpressure_waits", "Writes that found the memory budget full and waited for the drain.",
+                    m["backpressure_waits"]),
+            counter("backpressure_wait_seconds", "Seconds writes spent waiting for memory.",
+                    m["backpressure_seconds"]),
+            counter("records_voided", "Journal commits dropped because they were superseded.",
+                    m["records_voided"]),
+            GaugeMetricFamily("ckptfs_records_pending", "Journal records waiting to be committed.",
+                              value=m["records_pending"]),
+            GaugeMetricFamily("ckptfs_eta_seconds", "Estimated seconds until everything is durable (NaN: unknown).",
+                              value=m["eta"]),
+        ]
+        lat = m["latency"]
+        buckets = [("+Inf" if math.isinf(ub) else repr(ub), n) for ub, n in lat["buckets"]]
+        out.append(HistogramMetricFamily("ckptfs_drain_latency_seconds",
+                                         "Seconds from a close or fsync until its data is durable.",
+                                         buckets=buckets, sum_value=lat["sum"]))
+        mem = GaugeMetricFamily("ckptfs_memory_bytes", "The memory arena: capacity, undrained, cached, free.",
+                                labels=["kind"])
+        for kind, v in m["memory"].items():
+            mem.add_metric([kind], v)
+        out.append(mem)
+        files = GaugeMetricFamily("ckptfs_files", "Files by state.", labels=["state"])
+        for state, v in m["files"].items():
+            files.add_metric([state], v)
+        out.append(files)
+        per_device = [
+            (CounterMetricFamily, "device_written_bytes", "Bytes written to the device.", "written"),
+            (CounterMetricFamily, "device_read_bytes", "Bytes read from the device.", "read"),
+            (CounterMetricFamily, "device_errors", "Failed I/Os on the device.", "errors"),
+            (GaugeMetricFamily, "device_write_bytes_per_second", "Write bandwidth over the last interval.",
+             "write_bps"),
+            (GaugeMetricFamily, "device_read_bytes_per_second", "Read bandwidth over the last interval.",
+             "read_bps"),
+            (GaugeMetricFamily, "device_capacity_bytes", "Data capacity of the device.", "capacity"),
+            (GaugeMetricFamily, "device_used_bytes", "Data space in use on the device.", "used"),
+        ]
+        for cls, name, doc, key in per_device:
+            fam = cls(f"ckptfs_{name}", doc, labels=["device", "index"])
+            for dev in m["devices"]:
+                fam.add_metric([dev["device"], dev["index"]], dev[key])
+            out.append(fam)
+        return out
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server in its own thread, bound to `addr:port` (port 0: any free port)."""
+
+    def __init__(self, addr: str, port: int):
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.process_collector import ProcessCollector
+
+        self.addr, self.port = addr, port
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)  # RSS, CPU time, open fds of the daemon
+        self.read = None
+        self.registry.register(StoreCollector(lambda: self.read() if self.read is not None else None))
+        self._server = None
+
+    def start(self) -> None:
+        from prometheus_client import start_http_server
+
+        self._server, _thread = start_http_server(self.port, addr=self.addr, registry=self.registry)
+        self.port = self._server.server_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
