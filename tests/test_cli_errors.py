@@ -171,7 +171,7 @@ def test_log_file_that_cannot_be_written(setup, tmp_path):
     log = tmp_path / "no" / "such" / "dir" / "daemon.log"
     res = ckptfs("mount", str(mnt), "--devices", ",".join(map(str, devs)), "--memory", "64M",
                  "--format", "--log-file", str(log))
-    assert_one_clear_line(res, "log file", str(log))
+    assert_one_clear_line(res, "log file", str(log), "directory does not exist")
     assert devs[0].read_bytes()[:4096] == bytes(4096)  # refused before formatting
     assert not is_mounted(mnt)
 
