@@ -158,12 +158,14 @@ class ControlServer:
         except OSError:
             uid = -1
         try:
+            reader = _LineReader(stream)
             if not allowed(uid, self.owner):
                 log.warning("control.refused", extra={"fields": {"uid": uid, "owner": self.owner}})
+                with trio.move_on_after(2):  # take the request first, so the client can read the answer
+                    await reader.readline()
                 await _send(stream, {"ok": False, "error": f"permission denied: the control channel is only "
                                                           f"for uid {self.owner} (who mounted) and root"})
                 return
-            reader = _LineReader(stream)
             while True:
                 line = await reader.readline()
                 if line is None:
@@ -381,6 +383,12 @@ class Client:
         try:
             self.sock.sendall(json.dumps(obj).encode() + b"\n")
         except OSError as e:
+            try:  # the daemon may have answered (a refusal) before closing
+                reply = self.receive(timeout=1)
+            except (OSError, ControlError, ValueError):
+                reply = None
+            if reply is not None and not reply.get("ok", True):
+                raise refusal(reply) from None
             raise ControlError(f"lost the daemon at {self.path}: {e.strerror or e}") from None
 
     def receive(self, timeout: float | None = None) -> dict:
