@@ -15,7 +15,7 @@ import time
 import hypothesis.strategies as st
 import trio
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from faulty import crash_all, image_all
 from inproc import Driver, PathOps, make_devices
@@ -93,7 +93,6 @@ class CrashModel(RuleBasedStateMachine):
         del self.state["/d"]
         self._point()
 
-    @precondition(lambda self: self.state)
     @rule(path=st.sampled_from(PATHS))
     def fsync(self, path):
         if self.state.get(path, None) is None:
