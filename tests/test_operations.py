@@ -1,0 +1,434 @@
+"""Operations on real mounts: status, wait, the state xattr, the control channel, metrics, logs.
+
+Slow drains come from loop devices under a blkio write throttle (throttle.py),
+so a file can be watched moving from memory to draining to durable; a device
+error comes from device files on a small tmpfs that fills up (ENOSPC from the
+device, as from a full or failing disk). Assertions poll with deadlines and
+check orders and bounds, not exact timings.
+"""
+import errno
+import json
+import os
+import pty
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import ckptfs
+import nobody
+from mounting import CkptMount, ckptfs as run_cli, is_mounted, make_devices
+from throttle import Throttle
+
+pytestmark = pytest.mark.mount
+MiB = 1 << 20
+
+
+def poll(fn, what, timeout=60.0, every=0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def status_json(m) -> dict:
+    res = run_cli("status", str(m.path), "--json", check=True)
+    return json.loads(res.stdout)
+
+
+def xattr_state(path) -> str:
+    return os.getxattr(path, "user.ckptfs.state").decode()
+
+
+@pytest.fixture
+def throttled(tmp_path):
+    """throttled(bps, memory=...) -> (mount, throttle): a mount over two write-throttled loop devices."""
+    made = []
+
+    def make(bps: int, memory: str = "16M", extra=()):
+        m = CkptMount(tmp_path / f"t{len(made)}", ndev=2, dev_size=256 * MiB, memory=memory, extra=extra)
+        t = Throttle(m.devices, bps)
+        made.append((m, t))
+        m.devices = t.devices
+        m.mount()
+        t.add(m.pid)
+        return m, t
+
+    yield make
+    for m, t in made:
+        t.set(0)
+        try:
+            m.close()
+        finally:
+            t.close()
+
+
+class Watch:
+    """`ckptfs status MOUNT --watch --json`: one snapshot per interval, collected in a thread."""
+
+    def __init__(self, m, interval=0.1):
+        self.proc = subprocess.Popen([sys.executable, "-m", "ckptfs", "status", str(m.path), "--watch", "--json",
+                                      "--interval", str(interval)], stdout=subprocess.PIPE, text=True)
+        self.snaps: list[dict] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.snaps.append(json.loads(line))
+
+    def entries(self, path: str) -> list[dict | None]:
+        """The file's entry in each snapshot so far (None: not listed, i.e. durable)."""
+        return [next((f for f in s["files"] if f["path"] == path), None) for s in list(self.snaps)]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(30)
+        self.thread.join(10)
+        assert self.proc.returncode == 0
+
+
+def test_status_follows_a_file_from_memory_through_draining_to_durable(throttled):
+    m, _t = throttled(8 * MiB)  # two devices at 8 MB/s each
+    path = m.path / "ckpt.pt"
+    size = 24 * MiB
+    data = os.urandom(size)
+    watch = Watch(m)
+    try:
+        with open(path, "wb") as f:
+            f.write(data[:MiB])
+            poll(lambda: any(e and e["state"] == "memory" for e in watch.entries("/ckpt.pt")), "memory in status")
+            assert xattr_state(path) == "memory"
+            f.write(data[MiB:])  # more than --memory 16M: waits for the drain (backpressure)
+        assert xattr_state(path) == "draining"
+        poll(lambda: watch.entries("/ckpt.pt")[-1:] == [None], "durable in status")
+    finally:
+        watch.stop()
+    assert xattr_state(path) == "durable"
+
+    seen = [e for e in watch.entries("/ckpt.pt")]
+    first = next(i for i, e in enumerate(seen) if e is not None)
+    states = [e["state"] if e else "durable" for e in seen[first:]]
+    order = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
+    assert order == ["memory", "draining", "durable"], order
+    draining = [e for e in seen if e and e["state"] == "draining"]
+    progress = [e["progress"] for e in draining]
+    assert progress == sorted(progress)
+    assert any(0 < p < 1 for p in progress), progress
+    assert all(e["size"] == size and e["bytes"] == size for e in draining)
+    # while it drained: device bandwidth and an ETA were reported
+    busy = [s for s, e in zip(watch.snaps[first:], seen[first:]) if e and e["state"] == "draining"]
+    assert any(sum(d["write_bps"] for d in s["pool"]["devices"]) > 0 for s in busy)
+    assert any((s["totals"]["eta_seconds"] or 0) > 0 for s in busy)
+    assert all(s["memory"]["undrained"] <= s["memory"]["arena"] for s in watch.snaps)
+
+    st = status_json(m)  # the one-shot command agrees
+    assert st["all_durable"] and st["files"] == [] and st["totals"]["files_not_durable"] == 0
+    assert st["totals"]["bytes_absorbed"] >= size and st["totals"]["bytes_drained"] >= size
+    assert st["totals"]["backpressure_waits"] > 0
+    assert [d["health"] for d in st["pool"]["devices"]] == ["ok", "ok"]
+    assert sum(d["bytes_written"] for d in st["pool"]["devices"]) >= size
+    text = run_cli("status", str(m.path), check=True).stdout  # and the table renders
+    assert "Everything is durable" in text and "Pool: 2 device(s)" in text
+
+
+def test_wait_succeeds_after_the_drain_and_times_out_before(throttled):
+    m, t = throttled(2 * MiB, memory="64M")
+    path = m.path / "step-1.pt"
+    path.write_bytes(os.urandom(16 * MiB))  # about 4 s at 2 x 2 MB/s
+    t0 = time.monotonic()
+    res = run_cli("wait", "--timeout", "0.5", str(path))
+    assert res.returncode == 124, res
+    assert "timed out after 0.5s" in res.stderr and "1 of 1 file(s) not durable" in res.stderr
+    assert time.monotonic() - t0 < 30
+    assert xattr_state(path) == "draining"
+    t.set(0)  # lift the throttle: the rest drains at disk speed
+    res = run_cli("wait", str(path))
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")  # quiet when not on a terminal
+    assert xattr_state(path) == "durable"
+    assert ckptfs.state(path) == "durable"
+    (m.path / "d").mkdir()
+    (m.path / "d" / "x").write_bytes(b"x" * 5000)
+    assert run_cli("wait", str(m.path / "d")).returncode == 0  # a directory: all below it
+    assert xattr_state(m.path / "d" / "x") == "durable"
+    assert run_cli("wait", str(m.path)).returncode == 0  # the mountpoint: everything
+    res = run_cli("wait", str(m.path / "missing"))
+    assert res.returncode == 2 and "no such file" in res.stderr
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    where = tmp_path / "small"
+    where.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_wait_fails_with_the_reason_when_a_device_fails(tmp_path, small_tmpfs):
+    # sparse device files larger than the tmpfs under them: writes fail with ENOSPC once it is full
+    m = CkptMount(tmp_path / "m", ndev=2, dev_size=256 * MiB, memory="64M")
+    m.devices = make_devices(small_tmpfs, 2, 256 * MiB)
+    try:
+        m.mount()
+        path = m.path / "big.pt"
+        path.write_bytes(os.urandom(48 * MiB))
+        res = run_cli("wait", "--timeout", "120", str(path))
+        assert res.returncode == 1, res
+        assert "/big.pt: drain failed with ENOSPC" in res.stderr and "No space left on device" in res.stderr
+        assert xattr_state(path) == "failed:ENOSPC"
+        assert ckptfs.state(path) == "failed:ENOSPC"
+        st = status_json(m)
+        f = next(f for f in st["files"] if f["path"] == "/big.pt")
+        assert (f["state"], f["errno"]) == ("failed", "ENOSPC")
+        assert st["totals"]["files_failed"] == 1 and "No space left" in st["last_error"]
+        assert sum(d["errors"] for d in st["pool"]["devices"]) > 0
+        assert {d["health"] for d in st["pool"]["devices"]} & {"failing", "errors"}
+        with pytest.raises(ckptfs.DrainFailed) as e:
+            ckptfs.wait_durable(path, timeout=120)
+        assert e.value.errno == errno.ENOSPC
+        # room again: the daemon's retries succeed and wait returns 0
+        subprocess.run(["mount", "-o", "remount,size=600m", str(small_tmpfs)], check=True)
+        poll(lambda: run_cli("wait", "--timeout", "120", str(path)).returncode == 0, "recovery", timeout=120,
+             every=0.5)
+        assert xattr_state(path) == "durable"
+    finally:
+        subprocess.run(["mount", "-o", "remount,size=600m", str(small_tmpfs)], capture_output=True)
+        m.close()
+
+
+def test_control_channel_refuses_another_user():
+    if nobody.python() is None:
+        pytest.skip("needs root and a python3 that the user nobody can run")
+    root = Path(tempfile.mkdtemp(prefix="ckptfs-ops-"))  # under /tmp, so nobody can reach the mount
+    m = CkptMount(root, memory="64M")
+    try:
+        os.chmod(root, 0o755)
+        m.mount()
+        f = m.path / "f.pt"
+        f.write_bytes(os.urandom(3 * MiB))
+        sock = os.getxattr(m.path, "user.ckptfs.control").decode()
+        assert oct(os.stat(sock).st_mode & 0o777) == "0o600" and os.stat(sock).st_uid == 0
+        assert oct(os.stat(os.path.dirname(sock)).st_mode & 0o777) == "0o700"
+        env = nobody.cli_env()
+        if env is not None:  # the real CLI, as nobody
+            res = nobody.run(["-m", "ckptfs", "status", str(m.path)], env=env)
+            assert res.returncode == 1 and "permission denied" in res.stderr, res
+            res = nobody.run(["-m", "ckptfs", "wait", str(f)], env=env)
+            assert res.returncode == 1 and "permission denied" in res.stderr, res
+            # the xattr is for everyone, and wait_durable falls back to fsync
+            code = "import ckptfs, sys; ckptfs.wait_durable(sys.argv[1], timeout=60); print(ckptfs.state(sys.argv[1]))"
+            res = nobody.run(["-c", code, str(f)], env=env)
+            assert (res.returncode, res.stdout.strip()) == (0, "durable"), res
+        raw = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+               "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('EACCES')\n")
+        assert nobody.run(["-I", "-c", raw, sock]).stdout.strip() == "EACCES"
+        assert status_json(m)["pid"] == m.pid  # root may
+    finally:
+        m.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url, timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(snap: dict, name: str) -> float:
+    return sum(v for (n, _), v in snap.items() if n == name)
+
+
+def test_metrics_endpoint_serves_counters_that_move_during_a_save(throttled):
+    m, _t = throttled(8 * MiB, extra=("--metrics-port", "0"))
+    url = status_json(m)["metrics_url"]
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(OSError):  # bound to 127.0.0.1 only, not to every address
+        socket.create_connection(("127.0.0.2", port), timeout=5).close()
+    before = scrape(url)
+    for name in ("ckptfs_bytes_absorbed_total", "ckptfs_bytes_drained_total", "ckptfs_bytes_skipped_total",
+                 "ckptfs_drain_latency_seconds_count", "ckptfs_backpressure_waits_total",
+                 "ckptfs_backpressure_wait_seconds_total", "ckptfs_eta_seconds", "ckptfs_records_pending"):
+        assert (name, ()) in before, name
+    for kind in ("capacity", "undrained", "cached", "free"):
+        assert ("ckptfs_memory_bytes", (("kind", kind),)) in before
+    for state in ("memory", "draining", "failed", "durable"):
+        assert ("ckptfs_files", (("state", state),)) in before
+    for name in ("ckptfs_device_written_bytes_total", "ckptfs_device_read_bytes_total", "ckptfs_device_errors_total",
+                 "ckptfs_device_write_bytes_per_second", "ckptfs_device_read_bytes_per_second"):
+        assert len([k for k in before if k[0] == name]) == 2, name
+
+    size = 24 * MiB
+    path = m.path / "model.pt"
+    path.write_bytes(os.urandom(size))  # 16M of memory: waits for the drain
+    during = []
+    while xattr_state(path) != "durable":
+        during.append(scrape(url))
+        time.sleep(0.1)
+    after = scrape(url)
+    assert total(after, "ckptfs_bytes_absorbed_total") - total(before, "ckptfs_bytes_absorbed_total") == size
+    assert total(after, "ckptfs_bytes_drained_total") - total(before, "ckptfs_bytes_drained_total") >= size
+    assert total(after, "ckptfs_device_written_bytes_total") - total(before, "ckptfs_device_written_bytes_total") >= size
+    assert total(after, "ckptfs_drain_latency_seconds_count") > total(before, "ckptfs_drain_latency_seconds_count")
+    assert total(after, "ckptfs_drain_latency_seconds_sum") > 0
+    assert total(after, "ckptfs_backpressure_waits_total") > 0
+    assert after[("ckptfs_files", (("state", "durable"),))] == 1
+    assert any(s[("ckptfs_files", (("state", "draining"),))] == 1 for s in during)
+    assert any(total(s, "ckptfs_device_write_bytes_per_second") > 0 for s in during)
+    assert any(s[("ckptfs_memory_bytes", (("kind", "undrained"),))] > 0 for s in during)
+    drained = [total(s, "ckptfs_bytes_drained_total") for s in during + [after]]
+    assert drained == sorted(drained) and drained[0] < drained[-1]
+
+
+def test_metrics_port_in_use_is_one_clear_error(ckpt_factory):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        m = ckpt_factory(memory="64M", extra=("--metrics-port", str(busy.getsockname()[1])))
+        with pytest.raises(AssertionError, match="cannot serve metrics on 127.0.0.1"):
+            m.mount()
+        assert not is_mounted(m.path)
+    finally:
+        busy.close()
+
+
+def test_state_xattr_is_listed_and_read_only(ckpt):
+    f = ckpt.path / "w.pt"
+    with open(f, "wb") as h:
+        h.write(b"x" * 100_000)
+        assert ckptfs.state(f) == "memory"
+    os.setxattr(f, "user.mine", b"1")
+    assert set(os.listxattr(f)) == {"user.mine", "user.ckptfs.state"}
+    assert {"user.ckptfs.pid", "user.ckptfs.control", "user.ckptfs.state"} <= set(os.listxattr(ckpt.path))
+    (ckpt.path / "dir").mkdir()
+    assert "user.ckptfs.state" in os.listxattr(ckpt.path / "dir")
+    os.symlink("w.pt", ckpt.path / "link")
+    assert "user.ckptfs.state" not in os.listxattr(ckpt.path / "link", follow_symlinks=False)
+    for name in ("user.ckptfs.control", "user.ckptfs.pid"):  # only on the root
+        with pytest.raises(OSError) as e:
+            os.getxattr(f, name)
+        assert e.value.errno == errno.ENODATA
+    for op in (lambda: os.setxattr(f, "user.ckptfs.state", b"durable"),
+               lambda: os.removexattr(f, "user.ckptfs.state")):
+        with pytest.raises(OSError) as e:
+            op()
+        assert e.value.errno == errno.EPERM
+    ckptfs.wait_durable(f, timeout=60)
+    assert ckptfs.state(f) == xattr_state(f) == "durable"
+    with pytest.raises(ckptfs.NotOnCkptfs):
+        ckptfs.state(ckpt.root / "daemon.log")
+
+
+def _run_in_pty(args: list[str], timeout=120) -> tuple[int, str]:
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["COLUMNS"] = "160"
+        os.execv(sys.executable, [sys.executable, "-m", "ckptfs", *args])
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+
+
+def test_umount_shows_drain_progress_on_a_terminal(throttled):
+    m, t = throttled(4 * MiB, memory="64M")
+    data = os.urandom(16 * MiB)
+    (m.path / "last.pt").write_bytes(data)
+    code, out = _run_in_pty(["umount", str(m.path)])
+    assert code == 0, out
+    assert "draining before unmount" in out and "100%" in out and "1/1 file(s) durable" in out, out
+    assert "ckptfs unmounted" in out
+    m.pid = None
+    t.set(0)
+    m.mount()
+    assert (m.path / "last.pt").read_bytes() == data
+    res = m.umount()  # not a terminal: no progress, one line
+    assert res.returncode == 0 and res.stderr == "" and res.stdout.startswith("ckptfs unmounted")
+
+
+def test_wait_shows_progress_on_a_terminal(throttled):
+    m, _t = throttled(4 * MiB, memory="64M")
+    (m.path / "a.pt").write_bytes(os.urandom(12 * MiB))
+    code, out = _run_in_pty(["wait", str(m.path / "a.pt")])
+    assert code == 0, out
+    assert "draining" in out and "1/1 file(s) durable" in out and "durable: 1 file(s)" in out, out
+
+
+LINE = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (debug|info|warning|error) [\w.-]+'
+                  r'( [\w.]+=("([^"\\]|\\.)*"|[^\s"]+))*$')
+
+
+def test_structured_logs_to_stderr_in_the_foreground_and_to_the_file_detached(tmp_path):
+    devs = make_devices(tmp_path / "devices", 2, 256 * MiB)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    arg = ",".join(map(str, devs))
+    proc = subprocess.Popen([sys.executable, "-m", "ckptfs", "mount", str(mp), "--devices", arg, "--memory", "64M",
+                             "--format", "--foreground", "--log-level", "debug"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: is_mounted(mp) or proc.poll() is not None, "the foreground mount")
+        (mp / "f").write_bytes(b"y" * 300_000)
+        assert run_cli("umount", str(mp)).returncode == 0
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+    assert proc.returncode == 0
+    lines = err.splitlines()
+    bad = [ln for ln in lines if not LINE.match(ln)]
+    assert not bad, bad
+    events = [ln.split(" ")[2] for ln in lines]
+    for ev in ("control.listening", "mounted", "unmounting", "unmounted"):
+        assert ev in events, events
+    assert any(ln.split(" ")[1] == "debug" for ln in lines)
+    assert any(" mountpoint=" in ln for ln in lines)
+
+    m = CkptMount(tmp_path / "j", memory="64M", extra=("--log-format", "json", "--log-level", "warning"))
+    try:
+        m.mount()
+        (m.path / "g").write_bytes(b"z")
+    finally:
+        m.close()
+    m2 = CkptMount(tmp_path / "k", memory="64M", extra=("--log-format", "json"))
+    try:
+        m2.mount()
+    finally:
+        m2.close()
+    objs = [json.loads(ln) for ln in m2.log_text().splitlines() if ln.strip()]
+    assert {"mounted", "unmounted"} <= {o["event"] for o in objs}
+    assert all({"ts", "level", "event"} <= set(o) for o in objs)
+    assert not [ln for ln in m.log_text().splitlines() if '"level": "info"' in ln]  # --log-level warning
