@@ -28,6 +28,7 @@ from .tasks import gather
 
 log = logging.getLogger("ckptfs.drain")
 BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
+READAHEAD = 16  # chunks loaded ahead of a sequential reader
 
 
 class Drainer:
@@ -152,6 +153,29 @@ class Drainer:
     async def fetch(self, chunks: list[Chunk]) -> None:
         """Load evicted chunks back into the arena, in parallel across devices."""
         await gather([(self._fetch_one, c) for c in chunks])
+
+    def read_ahead(self, data, idx: int, nursery: trio.Nursery) -> None:
+        """Sequential reads: keep the next READAHEAD chunks loading, in parallel across devices.
+
+        Checked on every read but cheap: it acts only when the chunk half a window ahead is
+        still on the devices, and only while the arena has room to spare.
+        """
+        s = self.s
+        probe = data.chunks.get(idx + READAHEAD // 2)
+        if probe is None or probe.slot is not None or id(probe) in s._fetching:
+            return
+        if s.arena.free_slots + len(s.lru) < 2 * READAHEAD:
+            return
+        for i in range(idx + 1, idx + 1 + READAHEAD):
+            c = data.chunks.get(i)
+            if c is not None and c.slot is None and c.extent is not None and id(c) not in s._fetching:
+                nursery.start_soon(self._prefetch_one, c)
+
+    async def _prefetch_one(self, chunk: Chunk) -> None:
+        try:
+            await self._fetch_one(chunk)
+        except Exception as e:  # noqa: BLE001 - the read that needs it will retry and report
+            log.debug("read-ahead of inode %d chunk %d failed: %s", chunk.ino, chunk.idx, e)
 
     async def _fetch_one(self, chunk: Chunk) -> None:
         key = id(chunk)

@@ -69,6 +69,7 @@ class ChunkOwner(Protocol):
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
+    def read_ahead(self, data: "FileData", idx: int) -> None: ...
 
 
 class MemoryOwner:
@@ -88,6 +89,9 @@ class MemoryOwner:
         return self.arena.view(slot)
 
     def chunk_changed(self, chunk: Chunk) -> None:
+        pass
+
+    def read_ahead(self, data: "FileData", idx: int) -> None:
         pass
 
     def chunk_dropped(self, chunk: Chunk) -> None:
@@ -190,6 +194,8 @@ class FileData:
             parts.append(self.owner.view(chunk.slot)[inner:inner + have])
             if have < n:
                 parts.append(self._zeros[:n - have])
+        if size:
+            self.owner.read_ahead(self, (off + size - 1) // self._cs)
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)

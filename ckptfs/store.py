@@ -126,6 +126,7 @@ class Store:
         self._last_write = -1.0
         self._sync_waiters = 0
         self._fetching: dict[int, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
         self.closing = False
         self.drainer = Drainer(self)
         self.committer = Committer(self)
@@ -373,6 +374,7 @@ class Store:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The background tasks: queue-depth drain workers per device, and the journal writer."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for d in range(len(self.devices)):
                 for _ in range(self.queue_depth):
                     nursery.start_soon(self.drainer.worker, d)
@@ -412,6 +414,11 @@ class Store:
 
     async def fetch(self, chunks: list[Chunk]) -> None:
         await self.drainer.fetch(chunks)
+
+    def read_ahead(self, data, idx: int) -> None:
+        """A read reached chunk `idx`: load the next chunks from the devices before they are asked for."""
+        if self._nursery is not None:
+            self.drainer.read_ahead(data, idx, self._nursery)
 
     async def compact(self) -> None:
         await self.committer.compact()
