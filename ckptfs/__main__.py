@@ -1,3 +1,4 @@
+"""`python -m ckptfs`: the same as the `ckptfs` command."""
 import sys
 
 from .cli import main
