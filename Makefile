@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.ckptfs-setup
 
-$(VENV)/.ckptfs-setup: pyproject.toml .ci/setup.sh
+$(VENV)/.ckptfs-setup: pyproject.toml .ci/setup.sh .ci/setup-containers.sh
 	VENV=$(VENV) bash .ci/setup.sh
 	touch $@
 

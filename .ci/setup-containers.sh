@@ -14,6 +14,7 @@ if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "ckptfs setup: installing$missing (container tests)" >&2
     apt-get update -qq
+    # shellcheck disable=SC2086  # one word per package
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
   else
     echo "ckptfs setup: container tests will skip: missing apt packages:$missing" \

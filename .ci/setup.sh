@@ -16,6 +16,8 @@ if [ -n "$missing" ]; then
     exit 1
   fi
 fi
+# rootful podman and friends for the Docker sidecar tests (without root: a note, and they skip)
+bash .ci/setup-containers.sh
 PY="${PYTHON:-python3}"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
   echo "ckptfs setup: Python 3.11+ is required ($("$PY" --version))" >&2; exit 1; }

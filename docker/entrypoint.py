@@ -84,7 +84,8 @@ def mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
 
 
 def is_stale(path: str) -> bool:
-    try:
+    try:  # statfs always asks the daemon; stat may be answered from the kernel's cache
+        os.statvfs(path)
         os.stat(path)
     except OSError as e:
         return e.errno == errno.ENOTCONN
