@@ -29,18 +29,27 @@ from .tasks import gather
 log = logging.getLogger("ckptfs.drain")
 BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
 READAHEAD = 16  # chunks loaded ahead of a sequential reader
+SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
 
 
 class Drainer:
     def __init__(self, store):
         self.s = store
 
-    async def worker(self, dev: int) -> None:
+    def slow(self, dev: int) -> bool:
+        """A device not known to be fast: worth keeping busy even while the drain is held."""
+        bw = self.s.stats[dev].bandwidth
+        return bw is None or bw < SLOW_DEVICE
+
+    async def worker(self, dev: int, k: int = 0) -> None:
         queue = self.s.ready[dev]
         while True:
             while not queue:
                 await self.s._work[dev].park()
-            if not self.s._gate.is_set():
+            # while the drain is held back (absorb-first), worker 0 of a slow device still keeps
+            # one batch in flight: a slow device idle during the save would cost time-to-durable,
+            # while a fast one catches up quickly afterwards and costs CPU the save needs now
+            if not self.s._gate.is_set() and not (k == 0 and self.slow(dev)):
                 await self.s._gate.wait()
                 continue
             batch = []
@@ -113,11 +122,15 @@ class Drainer:
         """Write chunks bound for consecutive units of one device with one pwritev."""
         s = self.s
         dev, first = run[0][1], run[0][2]
+        t0 = trio.current_time()
+        s.stats[dev].in_flight += 1
+        sharing = s.stats[dev].in_flight  # I/Os sharing the device with this one, roughly
         try:
             crcs = await trio.to_thread.run_sync(_checksum_and_write, s.devices[dev], views,
                                                  [p[4] for p in run], s.sbs[dev].unit_offset(first),
                                                  limiter=s.limiters[dev])
         except DeviceError as e:
+            s.stats[dev].in_flight -= 1
             s.stats[dev].errors += 1
             s.last_error = str(e)
             log.error("drain failed: %s (inode %d, %d chunk(s)); will retry", e, run[0][0].ino, len(run))
@@ -130,6 +143,8 @@ class Drainer:
                 s._queue(chunk)
             return
         s.stats[dev].writes += 1
+        s.stats[dev].in_flight -= 1
+        s.stats[dev].observe(sharing * sum(round_up(p[4]) for p in run), trio.current_time() - t0)
         s.unflushed.add(dev)
         for (chunk, d, unit, gen, hwm), crc in zip(run, crcs):
             s.stats[d].bytes_written += round_up(hwm)

@@ -84,6 +84,13 @@ class DeviceStats:
     writes: int = 0
     reads: int = 0
     errors: int = 0
+    bandwidth: float | None = None  # recent write bandwidth while busy (bytes/s, moving average)
+    in_flight: int = 0  # drain writes in flight now
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if seconds > 0 and nbytes >= 1 << 20:
+            bw = nbytes / seconds
+            self.bandwidth = bw if self.bandwidth is None else 0.7 * self.bandwidth + 0.3 * bw
 
 
 class Store:
@@ -376,8 +383,8 @@ class Store:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for d in range(len(self.devices)):
-                for _ in range(self.queue_depth):
-                    nursery.start_soon(self.drainer.worker, d)
+                for k in range(self.queue_depth):
+                    nursery.start_soon(self.drainer.worker, d, k)
             nursery.start_soon(self.committer.run)
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._gatekeeper)
