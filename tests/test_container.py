@@ -200,3 +200,72 @@ def test_sigkill_leaves_stale_mount_new_sidecar_starts_over_it(images, world):
     C.podman("stop", "-t", str(STOP_GRACE), second.name, timeout=STOP_GRACE + 60)
     assert second.exit_code() == 0, second.logs()
     assert not C.mount_types(ckpt_dir)
+
+
+@pytest.fixture
+def loop_devices(tmp_path):
+    """Two loop devices over sparse files: block devices to pass with `devices:`."""
+    files = make_devices(tmp_path / "loopfiles", 2, GiB)
+    loops = []
+    try:
+        for f in files:
+            res = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(f)], capture_output=True,
+                                 text=True)
+            if res.returncode != 0:
+                pytest.fail(f"losetup failed: {res.stderr}")
+            loops.append(res.stdout.strip())
+        yield loops
+    finally:
+        for lo in loops:
+            subprocess.run(["losetup", "-d", lo], capture_output=True)
+
+
+def test_compose_file_sidecar_and_trainer(images, world, loop_devices, tmp_path):
+    """docker/compose.yaml as written, on podman-compose, with loop devices as the NVMe."""
+    sidecar_image, trainer_image = images
+    shared, _, _ = world
+    compose = [str(Path(sys.executable).parent / "podman-compose"), "-f", str(REPO / "docker" / "compose.yaml"),
+               "-p", f"ckptfs-test-{os.getpid()}"]
+    env = {**C.env(), "CKPTFS_HOST_DIR": str(shared), "CKPTFS_DEVICE_0": loop_devices[0],
+           "CKPTFS_DEVICE_1": loop_devices[1], "CKPTFS_FORMAT": "if-needed", "CKPTFS_MEMORY": "512M",
+           "CKPTFS_IMAGE": sidecar_image, "CKPTFS_TRAINER_IMAGE": trainer_image,
+           "TRAIN_STEPS": "4", "TRAIN_SAVE_EVERY": "2"}
+
+    def run(*args, timeout=300):
+        return subprocess.run([*compose, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+    sidecar, trainer = f"ckptfs-test-{os.getpid()}_ckptfs_1", f"ckptfs-test-{os.getpid()}_trainer_1"
+    try:
+        res = run("up", "-d")
+        assert res.returncode == 0, res.stdout + res.stderr
+        C.wait_for(lambda: C.podman("inspect", "--format", "{{.State.Status}}", trainer,
+                                    check=False).stdout.strip() == "exited", 300, "the trainer to finish",
+                   lambda: C.podman("logs", trainer, check=False).stdout + C.podman("logs", sidecar,
+                                                                                     check=False).stderr)
+        out = C.podman("logs", trainer).stdout
+        code = C.podman("inspect", "--format", "{{.State.ExitCode}}", trainer).stdout.strip()
+        assert code == "0", out
+        assert "saved step000004.pt" in out, out
+        ckpt_dir = shared / "ckpt"
+        names = sorted(os.listdir(ckpt_dir))
+        assert names == ["step000002.pt", "step000004.pt"], names
+        digests = {n: sha256(ckpt_dir / n) for n in names}
+        assert C.podman("inspect", "--format", "{{.Config.StopSignal}}", sidecar).stdout.strip() in ("15", "SIGTERM")
+
+        res = run("stop", timeout=STOP_GRACE + 120)  # stop_grace_period: the trainer first, then the sidecar
+        assert res.returncode == 0, res.stdout + res.stderr
+        logs = C.podman("logs", sidecar).stderr
+        assert C.podman("inspect", "--format", "{{.State.ExitCode}}", sidecar).stdout.strip() == "0", logs
+        assert "everything is on the devices" in logs, logs
+        assert not C.mount_types(ckpt_dir)
+    finally:
+        run("down", "-t", "0", timeout=300)
+
+    mnt = tmp_path / "remount"
+    mnt.mkdir()
+    ckptfs("mount", str(mnt), "--devices", ",".join(loop_devices), "--memory", "512M",
+           "--log-file", str(tmp_path / "r.log"), check=True)
+    try:
+        assert {n: sha256(mnt / n) for n in os.listdir(mnt)} == digests
+    finally:
+        ckptfs("umount", str(mnt), check=True)
