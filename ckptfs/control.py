@@ -190,8 +190,10 @@ class ControlServer:
         if op == "ping":
             await _send(stream, {"ok": True, "pid": os.getpid()})
         elif op == "status":
+            limit = req.get("limit")
+            limit = limit if isinstance(limit, int) and limit >= 0 else None
             await _send(stream, {"ok": True, "status": self.status(window=float(req.get("window", 2.0)),
-                                                                   limit=req.get("limit"))})
+                                                                   limit=limit)})
         elif op == "wait":
             inos = req.get("inos")
             if inos is not None and not (isinstance(inos, list) and all(isinstance(i, int) for i in inos)):

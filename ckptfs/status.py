@@ -73,7 +73,8 @@ def _count(chunks, seen: set[int]) -> tuple[int, int]:
 
 
 def file_states(store) -> dict[int, FileState]:
-    """Every inode that is not durable, with its state and drain progress (mirrors Store.state)."""
+    """Every inode that is not durable, with its state and drain progress (mirrors Store.state for
+    the inodes that still exist)."""
     content: dict[int, list] = {}  # ino -> non-void pending content records
     made: set[int] = set()
     for p in store.pending:
@@ -86,6 +87,8 @@ def file_states(store) -> dict[int, FileState]:
     ns = store.ns
     out: dict[int, FileState] = {}
     for ino in inos:
+        if ns is not None and ino not in ns.inodes:
+            continue  # gone (deleted and forgotten): nothing of it can become durable any more
         if ino in store.errors:
             code = store.errors[ino]
             st = FileState(ino, FAILED, _errno.errorcode.get(code, str(code)))

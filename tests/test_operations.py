@@ -173,7 +173,7 @@ def test_wait_succeeds_after_the_drain_and_times_out_before(throttled):
 def small_tmpfs(tmp_path):
     where = tmp_path / "small"
     where.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)],
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)],
                          capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {res.stderr.strip()}")
@@ -181,14 +181,29 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def fill(path: Path) -> None:
+    """Write `path` until its filesystem is full."""
+    block = b"\xff" * MiB
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(block)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    assert os.statvfs(path.parent).f_bavail == 0
+
+
 def test_wait_fails_with_the_reason_when_a_device_fails(tmp_path, small_tmpfs):
-    # sparse device files larger than the tmpfs under them: writes fail with ENOSPC once it is full
+    # sparse device files on a tmpfs that then fills up: every data write fails with ENOSPC,
+    # as on a full or failing disk; freeing room lets the daemon's retries succeed
     m = CkptMount(tmp_path / "m", ndev=2, dev_size=256 * MiB, memory="64M")
     m.devices = make_devices(small_tmpfs, 2, 256 * MiB)
     try:
         m.mount()
+        fill(small_tmpfs / "filler")
         path = m.path / "big.pt"
-        path.write_bytes(os.urandom(48 * MiB))
+        path.write_bytes(os.urandom(8 * MiB))
         res = run_cli("wait", "--timeout", "120", str(path))
         assert res.returncode == 1, res
         assert "/big.pt: drain failed with ENOSPC" in res.stderr and "No space left on device" in res.stderr
@@ -203,13 +218,17 @@ def test_wait_fails_with_the_reason_when_a_device_fails(tmp_path, small_tmpfs):
         with pytest.raises(ckptfs.DrainFailed) as e:
             ckptfs.wait_durable(path, timeout=120)
         assert e.value.errno == errno.ENOSPC
-        # room again: the daemon's retries succeed and wait returns 0
-        subprocess.run(["mount", "-o", "remount,size=600m", str(small_tmpfs)], check=True)
+        res = run_cli("wait", "--timeout", "120", str(m.path))  # the whole mount fails too
+        assert res.returncode == 1 and "No space left on device" in res.stderr, res
+        os.unlink(small_tmpfs / "filler")  # room again: the retries succeed and wait returns 0
         poll(lambda: run_cli("wait", "--timeout", "120", str(path)).returncode == 0, "recovery", timeout=120,
              every=0.5)
         assert xattr_state(path) == "durable"
     finally:
-        subprocess.run(["mount", "-o", "remount,size=600m", str(small_tmpfs)], capture_output=True)
+        try:
+            os.unlink(small_tmpfs / "filler")
+        except FileNotFoundError:
+            pass
         m.close()
 
 
