@@ -107,9 +107,13 @@ def render(st: dict, limit: int = 20):
     if st.get("all_durable"):
         parts.append(Text("Everything is durable.", style="green"))
     else:
-        parts.append(Text(f"To drain: {human_bytes(tot['bytes_to_drain'])} at {human_rate(tot['drain_bps'])}; "
-                          f"ETA to all-durable {human_seconds(tot['eta_seconds'])} "
-                          f"({tot['records_pending']} journal record(s) pending)"))
+        line = (f"To drain: {human_bytes(tot['bytes_to_drain'])} at {human_rate(tot['drain_bps'])}; "
+                f"ETA to all-durable {human_seconds(tot['eta_seconds'])} "
+                f"({tot['records_pending']} journal record(s) pending)")
+        if tot["files_memory"]:
+            line += (f"; {tot['files_memory']} file(s) in memory become durable once closed or fsynced "
+                     f"(or ckptfs wait)")
+        parts.append(Text(line))
     lat = tot["drain_latency"]
     parts.append(Text(f"Totals: absorbed {human_bytes(tot['bytes_absorbed'])}, drained "
                       f"{human_bytes(tot['bytes_drained'])}, skipped as stale {human_bytes(tot['bytes_skipped'])}; "

@@ -22,6 +22,28 @@ device, over all of them.
 
 The ETA to all-durable is the bytes still to drain over the drain rate of
 the last interval; None while nothing moves (unknown), 0 when nothing is left.
+(A file in memory becomes durable only once closed or fsynced; the ETA
+counts its bytes but cannot know when that will be.)
+
+The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
+
+    schema, mountpoint, devices, pid, control, metrics_url, time, uptime,
+    interval          the seconds the rates cover
+    pool              capacity, used, chunk_size, devices: [{index, path, capacity,
+                      used, health (ok | errors | failing: errors in the last
+                      interval), write_bps, read_bps, bytes_written, bytes_read,
+                      writes, reads, errors}]
+    memory            arena, chunk_size, used, undrained (not yet on a device),
+                      cached (on a device, kept for reads), free
+    files             [{path (None: no name left), ino, state, errno, size, bytes
+                      (to be on the devices), drained, progress (0..1)}], failed
+                      first, then draining, then memory; files_omitted past --limit
+    totals            files_not_durable, files_memory, files_draining, files_failed,
+                      bytes_to_drain, bytes_absorbed, bytes_drained, bytes_skipped,
+                      records_pending, records_voided, absorb_bps, drain_bps,
+                      eta_seconds, backpressure_waits, backpressure_seconds,
+                      drain_latency {count, sum, last}
+    all_durable, last_error
 """
 from __future__ import annotations
 
