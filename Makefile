@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean install-mount
 
 setup: $(VENV)/.ckptfs-setup
 
@@ -23,3 +23,7 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# mount(8) helper (/sbin/mount.ckptfs) and the systemd unit ckptfs@.service, using this venv's ckptfs
+install-mount: setup
+	bash mount/install.sh --ckptfs $(abspath $(VENV))/bin/ckptfs
