@@ -150,9 +150,9 @@ def test_wait_succeeds_after_the_drain_and_times_out_before(throttled):
     path = m.path / "step-1.pt"
     path.write_bytes(os.urandom(16 * MiB))  # about 4 s at 2 x 2 MB/s
     t0 = time.monotonic()
-    res = run_cli("wait", "--timeout", "0.5", str(path))
+    res = run_cli("wait", "--timeout", "1.5", str(path))
     assert res.returncode == 124, res
-    assert "timed out after 0.5s" in res.stderr and "1 of 1 file(s) not durable" in res.stderr
+    assert "timed out after 1.5s" in res.stderr and "1 of 1 file(s) not durable" in res.stderr
     assert time.monotonic() - t0 < 30
     assert xattr_state(path) == "draining"
     t.set(0)  # lift the throttle: the rest drains at disk speed

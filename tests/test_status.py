@@ -215,7 +215,7 @@ def test_wait_over_the_control_channel(env, tmp_path):
 
     # timeout: nothing can drain yet
     with pytest.raises(api.WaitTimeout) as t:
-        api.wait_on(sock, [ino], time.monotonic() + 0.3, timeout=0.3)
+        api.wait_on(sock, [ino], time.monotonic() + 1.0, timeout=1.0)
     assert "timed out" in str(t.value) and "1 of 1 file(s) not durable" in str(t.value)
 
     reports = []
