@@ -126,6 +126,8 @@ def test_sidecar_trainer_sigterm_then_remount_bit_exact(images, world, tmp_path)
 
     out = run_trainer(trainer_image, shared, *TRAIN_ARGS)
     assert "saved step000004.pt" in out, out
+    st = C.podman("exec", sc.name, "ckptfs", "status", "/shared/ckpt", check=False)
+    assert st.returncode == 0, f"ckptfs status in the sidecar: {st.stdout}{st.stderr}"
 
     # from the host, through the propagated mount: there, owned by the trainer, right
     ckpt_dir = shared / "ckpt"
