@@ -294,7 +294,9 @@ def run_mount(argv: list[str], env: dict) -> int:
             if res.returncode != 0:
                 return res.returncode
         else:
-            say("CKPTFS_FORMAT=if-needed: the devices are not blank: mounting what they hold")
+            held = [d for d in devices if not blank_devices([d])]
+            say(f"CKPTFS_FORMAT=if-needed: the devices are not blank ({', '.join(held)} hold(s) data): "
+                f"mounting what they hold, formatting nothing")
     return supervisor.run()
 
 
