@@ -296,7 +296,7 @@ def run_mount(argv: list[str], env: dict) -> int:
         else:
             held = [d for d in devices if not blank_devices([d])]
             say(f"CKPTFS_FORMAT=if-needed: the devices are not blank ({', '.join(held)} hold(s) data): "
-                f"mounting what they hold, formatting nothing")
+                f"mounting what they hold; nothing is formatted")
     return supervisor.run()
 
 

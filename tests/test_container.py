@@ -192,7 +192,7 @@ def test_sigkill_leaves_stale_mount_new_sidecar_starts_over_it(images, world):
     second.wait_live()
     logs = second.logs()
     assert "clearing a stale mount" in logs, logs
-    assert "not blank" in logs and "formatting" not in logs, logs  # if-needed kept the pool
+    assert "mounting what they hold" in logs and "blank: formatting" not in logs, logs  # kept the pool
     assert sha256(ckpt_dir / "step000004.pt") == digest
 
     out = run_trainer(trainer_image, shared, *TRAIN_ARGS[:1], "6", *TRAIN_ARGS[2:], "--resume")

@@ -207,7 +207,7 @@ def test_clears_a_killed_daemons_stale_mount_and_keeps_the_pool(setting):
     rc, out = stop(p2)
     assert rc == 0, out
     assert "clearing a stale mount" in out
-    assert "not blank: mounting what they hold" in out and "formatting" not in out
+    assert "mounting what they hold" in out and "blank: formatting" not in out
 
 
 @pytest.mark.mount
