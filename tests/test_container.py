@@ -59,7 +59,7 @@ class Sidecar:
         cenv = {"CKPTFS_DEVICES": ",".join(f"/devices/{d.name}" for d in devices),
                 "CKPTFS_MEMORY": memory, "CKPTFS_FORMAT": "if-needed", "CKPTFS_OWNER": "1000:1000",
                 **(env or {})}
-        args = ["run", "-d", "--name", self.name, "--pull=never", "--device", "/dev/fuse",
+        args = ["run", "-d", "--name", self.name, "--pull=never", "--network=none", "--device", "/dev/fuse",
                 "--cap-drop", "ALL", "--cap-add", "SYS_ADMIN", "--cap-add", "CHOWN",
                 "--stop-timeout", str(STOP_GRACE),
                 "--mount", f"type=bind,src={shared},dst=/shared,bind-propagation=rshared",
@@ -89,7 +89,7 @@ class Sidecar:
 
 
 def run_trainer(image: str, shared: Path, *args: str) -> str:
-    res = C.podman("run", "--rm", "--pull=never", "--user", "1000:1000",
+    res = C.podman("run", "--rm", "--pull=never", "--network=none", "--user", "1000:1000",
                    "--mount", f"type=bind,src={shared},dst=/shared,bind-propagation=rslave",
                    image, "python", "/app/train.py", "--save-dir", "/shared/ckpt", *args,
                    check=False, timeout=600)
@@ -128,6 +128,10 @@ def test_sidecar_trainer_sigterm_then_remount_bit_exact(images, world, tmp_path)
     assert "saved step000004.pt" in out, out
     st = C.podman("exec", sc.name, "ckptfs", "status", "/shared/ckpt", check=False)
     assert st.returncode == 0, f"ckptfs status in the sidecar: {st.stdout}{st.stderr}"
+    # the image's mount(8) finds the helper, which finds ckptfs: a bad option is its one line
+    mt = C.podman("exec", sc.name, "mount", "-t", "ckptfs", "/devices/x", "/tmp", "-o", "memory=lots",
+                  check=False)
+    assert mt.returncode != 0 and "mount.ckptfs: bad option memory=lots" in mt.stderr, mt.stderr
 
     # from the host, through the propagated mount: there, owned by the trainer, right
     ckpt_dir = shared / "ckpt"
