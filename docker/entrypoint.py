@@ -271,8 +271,9 @@ class Supervisor:
         while True:
             try:
                 pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                return self.child.returncode if self.child.returncode is not None else 1
+            except ChildProcessError:  # already reaped by poll()
+                rc = self.child.returncode if self.child.returncode is not None else 1
+                return rc if rc >= 0 else 128 - rc
             if pid == self.child.pid:
                 self.child.returncode = os.waitstatus_to_exitcode(status)
                 rc = self.child.returncode

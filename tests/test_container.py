@@ -150,6 +150,14 @@ def test_sidecar_trainer_sigterm_then_remount_bit_exact(images, world, tmp_path)
     for k in want["model"]:
         assert torch.allclose(got["model"][k], want["model"][k], rtol=1e-5, atol=1e-6), k
 
+    # one more file, from the host, just before the stop: most likely still in memory
+    late = os.urandom(48 << 20)
+    (ckpt_dir / "late.bin").write_bytes(late)
+    state_at_stop = os.getxattr(ckpt_dir / "late.bin", "user.ckptfs.state").decode()
+    print(f"late.bin at SIGTERM: {state_at_stop}", file=sys.stderr)
+    names.append("late.bin")
+    digests["late.bin"] = hashlib.sha256(late).hexdigest()
+
     # SIGTERM: drain, unmount (the host's view goes too), exit 0 within the grace period
     stop = C.podman("stop", "-t", str(STOP_GRACE), sc.name, check=False, timeout=STOP_GRACE + 60)
     assert stop.returncode == 0, stop.stderr
@@ -165,8 +173,8 @@ def test_sidecar_trainer_sigterm_then_remount_bit_exact(images, world, tmp_path)
     ckptfs("mount", str(mnt), "--devices", dev_arg, "--memory", "256M", "--log-file", str(tmp_path / "r.log"),
            check=True)
     try:
-        assert sorted(os.listdir(mnt)) == names
-        assert {n: sha256(mnt / n) for n in names} == digests
+        assert sorted(os.listdir(mnt)) == sorted(names)
+        assert {n: sha256(mnt / n) for n in names} == digests, f"late.bin was {state_at_stop} at SIGTERM"
         again = torch.load(mnt / "step000004.pt", map_location="cpu", weights_only=True)
         assert all(torch.equal(again["model"][k], got["model"][k]) for k in got["model"])
     finally:
