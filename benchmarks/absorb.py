@@ -18,29 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from common import ROOT, ckptfs, machine, write_results
+from common import GiB, ROOT, file_devices, machine, mounted, random_state_dict, stats, write_bytes, write_results
 
-GiB = 1 << 30
 RAW_BLOCK = 64 << 20
 TARGET_RATIO = 1.2
-
-
-def is_mounted(path: Path) -> bool:
-    real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == real for line in f)
-
-
-def state_dict() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {f"layer{i}.weight": torch.rand(4096, 4096, generator=g) for i in range(16)}
 
 
 def time_save(sd: dict, path: Path) -> float:
@@ -52,21 +39,8 @@ def time_save(sd: dict, path: Path) -> float:
 def time_raw(block: bytes, path: Path, total: int = GiB) -> float:
     """Seconds to open, write `total` bytes in len(block) write() calls, and close."""
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        done = 0
-        while done < total:
-            n = os.write(fd, block)
-            if n != len(block):
-                raise OSError(f"short write to {path}: {n} of {len(block)} bytes")
-            done += n
-    finally:
-        os.close(fd)
+    write_bytes(path, block, total)
     return time.perf_counter() - t0
-
-
-def stats(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def main() -> int:
@@ -81,21 +55,10 @@ def main() -> int:
 
     scratch = args.scratch.resolve()
     mnt = scratch / "mnt"
-    scratch.mkdir(parents=True, exist_ok=True)
-    if is_mounted(mnt):
-        ckptfs("umount", str(mnt))
-    mnt.mkdir(exist_ok=True)
-    devdir = scratch / "devices"
-    shutil.rmtree(devdir, ignore_errors=True)
-    devdir.mkdir()
-    devices = []
-    for i in range(2):
-        devices.append(devdir / f"dev{i}.img")
-        with open(devices[-1], "wb") as f:
-            f.truncate(4 * GiB)
+    devices = file_devices(scratch / "devices", 2, 4 * GiB)
 
     print("making a 1 GiB state dict of random fp32 tensors ...", flush=True)
-    sd = state_dict()
+    sd = random_state_dict(GiB)
     block = os.urandom(RAW_BLOCK)
     shm = Path(f"/dev/shm/ckptfs-absorb-{os.getpid()}")
     shm.mkdir()
@@ -103,31 +66,24 @@ def main() -> int:
     save: dict[str, list[float]] = {k: [] for k in targets}
     raw: dict[str, list[float]] = {k: [] for k in targets}
 
-    mounted = False
     try:
-        device_list = ",".join(map(str, devices))
-        ckptfs("format", "--devices", device_list)
-        ckptfs("mount", str(mnt), "--devices", device_list, "--memory", args.memory,
-               "--log-file", str(scratch / "daemon.log"))
-        mounted = True
-        for rep in range(args.warmup + args.repeats):
-            measured = rep >= args.warmup
-            order = list(targets) if rep % 2 == 0 else list(reversed(targets))
-            for name in order:
-                path = targets[name] / "state.pt"
-                t = time_save(sd, path)
-                path.unlink()
-                r = time_raw(block, targets[name] / "raw.bin")
-                (targets[name] / "raw.bin").unlink()
-                if measured:
-                    save[name].append(t)
-                    raw[name].append(GiB / r / 1e9)
-                print(f"{'run' if measured else 'warm-up'} {rep + 1}: {name:6s} torch.save {t:.3f} s, "
-                      f"raw write {GiB / r / 1e9:.2f} GB/s", flush=True)
+        with mounted(mnt, devices, args.memory, log_file=scratch / "daemon.log"):
+            for rep in range(args.warmup + args.repeats):
+                measured = rep >= args.warmup
+                order = list(targets) if rep % 2 == 0 else list(reversed(targets))
+                for name in order:
+                    path = targets[name] / "state.pt"
+                    t = time_save(sd, path)
+                    path.unlink()
+                    r = time_raw(block, targets[name] / "raw.bin")
+                    (targets[name] / "raw.bin").unlink()
+                    if measured:
+                        save[name].append(t)
+                        raw[name].append(GiB / r / 1e9)
+                    print(f"{'run' if measured else 'warm-up'} {rep + 1}: {name:6s} torch.save {t:.3f} s, "
+                          f"raw write {GiB / r / 1e9:.2f} GB/s", flush=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-        if mounted:
-            ckptfs("umount", str(mnt))
 
     s = {k: stats(v) for k, v in save.items()}
     w = {k: stats(v) for k, v in raw.items()}

@@ -28,34 +28,39 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, ckptfs, human_rate, machine, parse_size, write_results
+from common import (ROOT, file_devices, human_rate, machine, mounted, pairwise, parse_size, proc_cpu_seconds,
+                    write_results)
 
 QUEUE_DEPTH = 8
 DATA_OFFSET = 128 << 20  # where rawwrite starts: past ckptfs's superblock and journal
+BLKIO = Path("/sys/fs/cgroup/blkio")
 
 
 class Devices:
-    """N device files; as throttled loop devices in a blkio cgroup when asked."""
+    """N device files; as loop devices when asked (loop=True), throttled in a blkio cgroup when
+    throttle > 0 (which implies loop devices). close() detaches the loop devices, removes the
+    cgroup and the files: call it in a finally block."""
 
-    def __init__(self, scratch: Path, n: int, size: int, throttle: int):
-        self.files = []
-        for i in range(n):
-            p = scratch / f"dev{i}.img"
-            with open(p, "wb") as f:
-                f.truncate(size)
-            self.files.append(p)
+    def __init__(self, scratch: Path, n: int, size: int, throttle: int = 0, loop: bool = False):
+        self.files = file_devices(scratch, n, size)
         self.loops: list[str] = []
-        self.cgroup = None
-        if throttle:
-            for p in self.files:
-                self.loops.append(subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(p)],
-                                                 check=True, capture_output=True, text=True).stdout.strip())
-            self.cgroup = Path("/sys/fs/cgroup/blkio/ckptfs-bench")
-            self.cgroup.mkdir(exist_ok=True)
-            for loop in self.loops:
-                rdev = os.stat(loop).st_rdev
-                (self.cgroup / "blkio.throttle.write_bps_device").write_text(
-                    f"{os.major(rdev)}:{os.minor(rdev)} {throttle}")
+        self.cgroup: Path | None = None
+        self.throttle = throttle
+        try:
+            if throttle or loop:
+                for p in self.files:
+                    self.loops.append(subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(p)],
+                                                     check=True, capture_output=True, text=True).stdout.strip())
+            if throttle:
+                self.cgroup = BLKIO / f"ckptfs-bench-{os.getpid()}"
+                self.cgroup.mkdir(exist_ok=True)
+                for loop_dev in self.loops:
+                    rdev = os.stat(loop_dev).st_rdev
+                    (self.cgroup / "blkio.throttle.write_bps_device").write_text(
+                        f"{os.major(rdev)}:{os.minor(rdev)} {throttle}")
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def paths(self) -> list[str]:
@@ -66,10 +71,33 @@ class Devices:
             (self.cgroup / "cgroup.procs").write_text(str(pid))
 
     def close(self) -> None:
-        for loop in self.loops:
-            subprocess.run(["losetup", "-d", loop], capture_output=True)
+        for loop_dev in self.loops:
+            subprocess.run(["losetup", "-d", loop_dev], capture_output=True)
+        self.loops = []
+        if self.cgroup is not None:
+            self._remove_cgroup()
+            self.cgroup = None
         for p in self.files:
             p.unlink(missing_ok=True)
+
+    def _remove_cgroup(self) -> None:
+        """Move whatever is still inside to the root group and remove the group; a process that
+        just exited stays listed until it is reaped, so retry for a few seconds."""
+        for _ in range(50):
+            if not self.cgroup.exists():
+                return
+            for pid in (self.cgroup / "cgroup.procs").read_text().split():
+                try:
+                    (BLKIO / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            try:
+                self.cgroup.rmdir()
+                return
+            except OSError as e:
+                err = e
+            time.sleep(0.1)
+        print(f"could not remove {self.cgroup}: {err}", file=sys.stderr)
 
 
 def run_raw(devs: Devices, total: int) -> float:
@@ -84,18 +112,45 @@ def run_raw(devs: Devices, total: int) -> float:
 
 
 def run_ckptfs(devs: Devices, scratch: Path, total: int, payload: str, memory: str, policy: str) -> dict:
-    mp = scratch / "mnt"
-    mp.mkdir(exist_ok=True)
-    ckptfs("mount", str(mp), "--devices", ",".join(devs.paths), "--memory", memory, "--format", "--force",
-           "--queue-depth", str(QUEUE_DEPTH), "--drain", policy, "--log-file", str(scratch / "daemon.log"))
-    try:
-        devs.confine(int(os.getxattr(mp, "user.ckptfs.pid")))
+    """durable_save.py into a fresh mount over `devs`: its JSON (blocked, durable, bytes) plus the
+    daemon's CPU seconds over the save."""
+    with mounted(scratch / "mnt", devs.paths, memory, log_file=scratch / "daemon.log",
+                 extra=("--queue-depth", str(QUEUE_DEPTH), "--drain", policy)) as pid:
+        devs.confine(pid)
+        cpu0 = proc_cpu_seconds(pid)
         res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "durable_save.py"),
-                              str(mp / "ckpt.bin"), payload, str(total)],
+                              str(scratch / "mnt" / "ckpt.bin"), payload, str(total)],
                              capture_output=True, text=True, check=True)
-        return json.loads(res.stdout)
+        return json.loads(res.stdout) | {"daemon_cpu_s": proc_cpu_seconds(pid) - cpu0}
+
+
+def measure(scratch: Path, n: int, total: int, throttle: int, payload: str, repeats: int, memory: str,
+            policy: str) -> dict:
+    """Raw O_DIRECT and ckptfs time-to-durable over n fresh devices, alternating, `repeats` times
+    each; one row of the drain table."""
+    devs = Devices(scratch, n, DATA_OFFSET + total // n + (256 << 20), throttle)
+    try:
+        raw, ck, blocked, cpu = [], [], [], []
+        for _ in range(repeats):
+            raw.append(run_raw(devs, total))
+            r = run_ckptfs(devs, scratch, total, payload, memory, policy)
+            ck.append(r["durable"])
+            blocked.append(r["blocked"])
+            cpu.append(r["daemon_cpu_s"])
+            size = r["bytes"]
     finally:
-        ckptfs("umount", str(mp))
+        devs.close()
+    raw_bw = total / statistics.median(raw)
+    ck_bw = size / statistics.median(ck)
+    print(f"{n} device(s) {payload:5s}: raw {human_rate(raw_bw)}, ckptfs durable "
+          f"{human_rate(ck_bw)} (blocked {statistics.median(blocked):.2f}s) -> ratio "
+          f"{ck_bw / raw_bw:.2f}", flush=True)
+    return {"devices": n, "payload": payload, "bytes": size, "throttle_bps": throttle,
+            "raw_s": raw, "ckptfs_durable_s": ck, "ckptfs_blocked_s": blocked,
+            "raw_bw": raw_bw, "ckptfs_bw": ck_bw, "ratio": ck_bw / raw_bw,
+            # run by run: ckptfs bandwidth over the raw bandwidth of the round before it
+            "ratio_pairwise": pairwise([size / c for c in ck], [total / r for r in raw]),
+            "daemon_cpu_s_per_gib": statistics.median(cpu) / (size / (1 << 30))}
 
 
 def main() -> None:
@@ -116,27 +171,8 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in [int(x) for x in args.devices.split(",")]:
-        dev_size = DATA_OFFSET + total // n + (256 << 20)
-        devs = Devices(scratch, n, dev_size, throttle)
-        try:
-            for payload in args.payload.split(","):
-                raw, ck, blocked = [], [], []
-                for _ in range(args.repeats):
-                    raw.append(run_raw(devs, total))
-                    r = run_ckptfs(devs, scratch, total, payload, args.memory, args.drain)
-                    ck.append(r["durable"])
-                    blocked.append(r["blocked"])
-                    size = r["bytes"]
-                raw_bw = total / statistics.median(raw)
-                ck_bw = size / statistics.median(ck)
-                rows.append({"devices": n, "payload": payload, "bytes": size,
-                             "raw_s": raw, "ckptfs_durable_s": ck, "ckptfs_blocked_s": blocked,
-                             "raw_bw": raw_bw, "ckptfs_bw": ck_bw, "ratio": ck_bw / raw_bw})
-                print(f"{n} device(s) {payload:5s}: raw {human_rate(raw_bw)}, ckptfs durable "
-                      f"{human_rate(ck_bw)} (blocked {statistics.median(blocked):.2f}s) -> ratio "
-                      f"{ck_bw / raw_bw:.2f}", flush=True)
-        finally:
-            devs.close()
+        for payload in args.payload.split(","):
+            rows.append(measure(scratch, n, total, throttle, payload, args.repeats, args.memory, args.drain))
     table = ["| devices | payload | raw O_DIRECT | ckptfs durable | ckptfs / raw | save blocked (s) |",
              "|---|---|---|---|---|---|"]
     for r in rows:

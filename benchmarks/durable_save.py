@@ -17,9 +17,8 @@ def main() -> None:
     path, kind, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if kind == "torch":
         import torch
-        g = torch.Generator().manual_seed(0)
-        n = max(1, total // (4096 * 4096 * 4))
-        payload = {f"layer{i}.weight": torch.rand(4096, 4096, generator=g) for i in range(n)}
+        from common import random_state_dict
+        payload = random_state_dict(total)
     else:
         view = memoryview(os.urandom(64 << 20))
     t0 = time.perf_counter()
