@@ -120,8 +120,9 @@ def _live(path: str) -> bool:
         return False
 
 
-def health(path: str) -> tuple[bool, str]:
-    """(live?, a line saying why) for the ckptfs mount at `path`."""
+def health(path: str, owner: tuple[int, int] | None = None) -> tuple[bool, str]:
+    """(live?, a line saying why) for the ckptfs mount at `path`; with `owner`, live only
+    once its root belongs to that uid:gid (so a trainer started on health can write)."""
     try:
         types = mounts_at(path)
     except OSError as e:
@@ -134,6 +135,10 @@ def health(path: str) -> tuple[bool, str]:
         pid = int(os.getxattr(path, "user.ckptfs.pid"))
     except (OSError, ValueError) as e:
         return False, f"{path} does not answer as ckptfs: {e}"
+    if owner:
+        st = os.stat(path)
+        if (st.st_uid, st.st_gid) != owner:
+            return False, f"{path} is mounted, not yet given to {owner[0]}:{owner[1]}"
     return True, f"{path} is live (daemon pid {pid})"
 
 
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "health":
             mp = argv[1] if len(argv) > 1 else env.get("CKPTFS_MOUNTPOINT") or DEFAULT_MOUNTPOINT
-            ok, why = health(os.path.abspath(mp))
+            ok, why = health(os.path.abspath(mp), parse_owner(env.get("CKPTFS_OWNER", "")))
             print(why, flush=True)
             return 0 if ok else 1
         if argv and argv[0] != "mount":

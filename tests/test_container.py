@@ -72,10 +72,14 @@ class Sidecar:
         res = C.podman("logs", self.name, check=False)
         return res.stdout + res.stderr
 
+    def ready(self) -> bool:
+        """Live, and given to the trainer's uid (CKPTFS_OWNER), as the HEALTHCHECK reports it."""
+        return C.is_live_ckptfs(self.mountpoint) and os.stat(self.mountpoint).st_uid == 1000
+
     def wait_live(self, timeout: float = 90) -> None:
-        C.wait_for(lambda: C.is_live_ckptfs(self.mountpoint) or not self.running(), timeout,
+        C.wait_for(lambda: self.ready() or not self.running(), timeout,
                    f"the sidecar's mount at {self.mountpoint}", self.logs)
-        assert C.is_live_ckptfs(self.mountpoint), f"the sidecar exited:\n{self.logs()}"
+        assert self.ready(), f"the sidecar exited:\n{self.logs()}"
 
     def running(self) -> bool:
         res = C.podman("inspect", "--format", "{{.State.Running}}", self.name, check=False)

@@ -49,10 +49,10 @@ def start(env: dict, *args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-def wait_live(mp: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_live(mp: Path, proc: subprocess.Popen, timeout: float = 60, owner=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if E.health(str(mp))[0]:
+        if E.health(str(mp), owner)[0]:
             return
         if proc.poll() is not None:
             raise AssertionError(f"the entrypoint exited ({proc.returncode}):\n{proc.stdout.read()}")
@@ -163,7 +163,7 @@ def test_formats_blank_devices_serves_and_drains_on_sigterm(setting):
     env["CKPTFS_OWNER"] = "1234:1234"
     p = start(env)
     procs.append(p)
-    wait_live(mp, p)
+    wait_live(mp, p, owner=(1234, 1234))
     res = subprocess.run([sys.executable, str(ENTRYPOINT), "health"], env=env, capture_output=True, text=True)
     assert res.returncode == 0 and "is live" in res.stdout
     assert os.stat(mp).st_uid == 1234  # CKPTFS_OWNER
