@@ -224,8 +224,10 @@ def _umount(args) -> int:
 
 
 def _is_stale(mp: str) -> bool:
+    """A mount whose daemon is gone. statfs, unlike stat, is never answered from the kernel's
+    caches, so it tells even right after the daemon died."""
     try:
-        os.stat(mp)
+        os.statvfs(mp)
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
