@@ -1,10 +1,12 @@
-# The two commands of the README: `make demo` (the main job) and `make test`.
-# Both install what they need first (apt packages as root, then .venv).
+# The commands of the README: `make demo` (the main job), `make test` and `make bench`.
+# Each installs what it needs first (apt packages as root, then .venv); only bench needs
+# the bench extra (matplotlib, deepspeed), installed by `make bench-setup`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup demo test bench clean install-mount
+.PHONY: setup bench-setup demo test bench clean install-mount
 
 setup: $(VENV)/.ckptfs-setup
 
@@ -18,8 +20,14 @@ demo: setup
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
-bench: setup
-	$(PY) benchmarks/absorb.py
+bench-setup: $(VENV)/.ckptfs-bench-setup
+
+$(VENV)/.ckptfs-bench-setup: pyproject.toml .ci/setup.sh
+	VENV=$(VENV) bash .ci/setup.sh --bench
+	touch $@
+
+bench: setup bench-setup
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Installs everything ckptfs and its tests need on a fresh Debian machine (as root):
 # apt packages for FUSE, then a virtual environment with the package and its test extras.
+# --bench: also what `make bench` needs: libaio-dev, the bench extra (matplotlib, deepspeed),
+# and DeepSpeed's async_io/utils ops compiled once (~10 min on 2 cores; cached in
+# ~/.cache/torch_extensions). Where deepspeed cannot be installed, matplotlib alone is
+# installed and the benchmarks skip FastPersist, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
+BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) BENCH=1 ;;
+    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+  esac
+done
 PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv e2fsprogs util-linux"
+[ "$BENCH" = 1 ] && PKGS="$PKGS g++ libaio-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -24,3 +36,13 @@ PY="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c, prometheus_client, rich' || { echo "ckptfs setup: install failed" >&2; exit 1; }
+if [ "$BENCH" = 1 ]; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 | grep -v "^WARNING: Location" || true
+  if ! "$VENV/bin/python" -c 'import deepspeed' >/dev/null 2>&1; then
+    echo "ckptfs setup: deepspeed did not install; benchmarks will skip FastPersist" >&2
+    "$VENV/bin/pip" install -q --disable-pip-version-check "matplotlib>=3.8" 2>&1 | grep -v "^WARNING: Location" || true
+  fi
+  "$VENV/bin/python" -c 'import matplotlib' || { echo "ckptfs setup: matplotlib install failed" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import deepspeed' >/dev/null 2>&1 && {
+    "$VENV/bin/python" benchmarks/fastpersist.py --build || echo "ckptfs setup: benchmarks will skip FastPersist" >&2; }
+fi
