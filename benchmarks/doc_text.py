@@ -68,6 +68,8 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     read_cpu = _get(rest, "read_daemon_cpu_s_per_gib", "median")
     train = results.get("training") or {}
     ckpt_mib = (_get(train, "config", "checkpoint_bytes") or 0) / 2**20
+    step_daemon = _get(train, "rows", "ckptfs@1", "daemon_cpu_s", "median")
+    step_base = _get(train, "rows", "none", "step_s", "median")
     durable_rows = _get(results, "scale", "durable", "rows", default=[]) or []
     drain_cpu = [r.get("daemon_cpu_s_per_gib") for r in durable_rows]
 
@@ -101,7 +103,10 @@ bounded by `torch.save`'s serialisation plus the disk.
 plus the CPU that background work takes from the step: ckptfs's daemon
 (absorb copy, drain, crc32c) and DCP's upload threads run on the same two
 cores as torch's intra-op threads. The /dev/shm floor has no background work,
-so its overhead is just `torch.save` of the {ckpt_mib:.0f} MiB checkpoint.
+so its overhead is just `torch.save` of the {ckpt_mib:.0f} MiB checkpoint. With a
+checkpoint every step the ckptfs daemon used {_num(step_daemon, ".3f")} CPU seconds per
+step here (the step itself takes {_num(step_base, ".3f")} s without checkpoints): on two
+cores that CPU is the overhead beyond the floor.
 
 **Restore.** From ckptfs each `read()` is a FUSE round trip; the daemon reads
 the chunks from the devices with O_DIRECT, verifies their crc32c and returns

@@ -78,16 +78,18 @@ def training_md(d: dict) -> str:
     c = d["config"]
     rows = []
     for name, r in d["rows"].items():
+        cpu = [fs(r.get("trainer_cpu_s"), 1e3, 0), fs(r.get("daemon_cpu_s"), 1e3, 0)]
         if name == "none":
-            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–"])
+            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu])
             continue
         ratio = d["ratios"].get(f"overhead_{r['system']}_over_shm@{r['every']}")
         rows.append([r["label"], str(r["every"]), fs(r["step_s"], 1e3, 0), fs(r["overhead_s"], 1e3, 0),
-                     fs(r["overhead_pct"], 1, 0), "1 (floor)" if r["system"] == "shm" else fs(ratio)])
+                     fs(r["overhead_pct"], 1, 0), "1 (floor)" if r["system"] == "shm" else fs(ratio), *cpu])
     return (f"Checkpoint {c['checkpoint_bytes'] / 2**20:.0f} MiB (model + Adam state), batch {c['batch_size']}, "
-            f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max).\n\n" +
+            f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max). CPU columns: "
+            f"CPU time per step of the training process and of the ckptfs daemon, during the measured steps.\n\n" +
             table(["system", "every (steps)", "step (ms)", "overhead (ms)", "overhead (%)",
-                   "overhead / /dev/shm's"], rows))
+                   "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)"], rows))
 
 
 def restore_md(d: dict) -> str:

@@ -185,7 +185,7 @@ def targets_for(label: str, s: dict) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1G,2G", help="state dict sizes (default %(default)s)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds at the first size")
     ap.add_argument("--systems", default=",".join(ALL))
     ap.add_argument("--memory", default=None, help="ckptfs budget (default: largest size + 1G, at least 3G)")

@@ -23,6 +23,7 @@ ckptfs overhead is within 1.15 x the /dev/shm overhead.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -84,8 +85,9 @@ class Saver:
 
 
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
-        batch_size: int, width: int, step0: int) -> float:
-    """Mean seconds per measured step (saves included)."""
+        batch_size: int, width: int, step0: int, daemon_pid: int) -> tuple[float, float, float]:
+    """Per measured step (saves included): wall seconds, this process's CPU seconds, the ckptfs
+    daemon's CPU seconds."""
     def one(i: int) -> None:
         x, y = batch(step0 + i, batch_size, width)
         loss = nn.functional.mse_loss(model(x), y)
@@ -99,18 +101,19 @@ def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, s
 
     for i in range(warmup):
         one(i - warmup)
-    t0 = time.perf_counter()
+    t0, c0, d0 = time.perf_counter(), os.times(), proc_cpu_seconds(daemon_pid)
     for i in range(steps):
         one(i)
     dt = (time.perf_counter() - t0) / steps
+    c1, d1 = os.times(), proc_cpu_seconds(daemon_pid)
     if saver is not None:
         saver.finish()
-    return dt
+    return dt, (c1.user + c1.system - c0.user - c0.system) / steps, (d1 - d0) / steps
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=3, help="rounds (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds (default %(default)s)")
     ap.add_argument("--every", default="1,10", help="checkpoint intervals in steps (default %(default)s)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per run, x every/2 for every > 2")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps before each run")
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = file_devices(scratch / "devices", 2, 8 * GiB)
     configs = [("none", 0)] + [(s, e) for s in systems for e in everies]
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    cpus: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in configs}
     step = 0
     ckpt_bytes = 0
     t_start = time.perf_counter()
@@ -148,31 +152,34 @@ def main(argv: list[str] | None = None) -> int:
                                                  log_file=scratch / "daemon.log") as pid:
             dirs = {"shm": shm, "ckptfs": scratch / "mnt", "ext4_fsync": ext4, "dcp_async": ext4}
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
-            run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step)
+            run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
             ckpt_bytes = (shm / "probe.pt").stat().st_size
             (shm / "probe.pt").unlink()
-            cpu0 = proc_cpu_seconds(pid)
             for rnd in range(args.repeats):
                 for kind, every in rotated(configs, rnd):
                     saver = None if kind == "none" else Saver(kind, dirs)
                     n = steps_for(every) if kind != "none" else args.steps
-                    dt = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size, args.width, step)
+                    dt, cpu, dcpu = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size, args.width,
+                                        step, pid)
                     step += args.warmup + n
                     times[(kind, every)].append(dt)
-                    print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step", flush=True)
+                    cpus[(kind, every)].append((cpu, dcpu))
+                    print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step "
+                          f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms)", flush=True)
                     if kind == "ckptfs":
                         sync_mount(scratch / "mnt")  # let the drain finish before the next run
                     for d in (shm, scratch / "mnt", ext4):
                         clear_dir(d)
-            daemon_cpu = proc_cpu_seconds(pid) - cpu0
     finally:
         shutil.rmtree(ext4, ignore_errors=True)
         for d in devices:
             d.unlink(missing_ok=True)
 
     base = times[("none", 0)]
-    rows = {"none": {"label": LABELS["none"], "every": None, "step_s": stats(base)}}
+    def cpu_stats(c) -> dict:  # where the time goes: CPU per step of the trainer and of the daemon
+        return {"trainer_cpu_s": stats([x for x, _ in cpus[c]]), "daemon_cpu_s": stats([y for _, y in cpus[c]])}
+    rows = {"none": {"label": LABELS["none"], "every": None, "step_s": stats(base)} | cpu_stats(("none", 0))}
     ratios = {}
     for kind in systems:
         for every in everies:
@@ -180,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             over = [x - b for x, b in zip(t, base)]
             rows[f"{kind}@{every}"] = {"label": LABELS[kind], "system": kind, "every": every,
                                        "step_s": stats(t), "overhead_s": stats(over),
-                                       "overhead_pct": stats([100 * o / b for o, b in zip(over, base)])}
+                                       "overhead_pct": stats([100 * o / b for o, b in zip(over, base)])
+                                       } | cpu_stats((kind, every))
     tgts = []
     for every in everies:
         if "shm" not in systems:
@@ -218,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
                    "ckptfs_devices": "2 sparse files on the ext4 root disk"},
         "rows": rows,
         "ratios": ratios,
-        "ckptfs_daemon_cpu_s": daemon_cpu,
         "targets": tgts,
     }
     print(f"\ncheckpoint {ckpt_bytes / 2**20:.0f} MiB; baseline {stats(base)['median'] * 1e3:.0f} ms/step")
