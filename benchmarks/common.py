@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+# CKPTFS_BENCH_RESULTS: somewhere else for trial runs, so they do not replace the suite's results
+RESULTS = Path(os.environ.get("CKPTFS_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 SCRATCH = ROOT / "scratch"
 sys.path.insert(0, str(ROOT))
 

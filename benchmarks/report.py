@@ -69,8 +69,10 @@ def save_md(d: dict) -> str:
     if d.get("skipped"):
         parts.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in d["skipped"].items()))
     if d.get("ckptfs_daemon_cpu_s_per_gib") is not None:
+        w = d.get("writer_cpu_s_per_gib", {})
         parts.append(f"ckptfs daemon CPU per GiB saved (absorb + drain + journal): "
-                     f"{d['ckptfs_daemon_cpu_s_per_gib']:.2f} s.")
+                     f"{d['ckptfs_daemon_cpu_s_per_gib']:.2f} s. CPU of the saving process per GiB while "
+                     f"`torch.save` ran: into /dev/shm {fs(w.get('shm'))} s, into ckptfs {fs(w.get('ckptfs'))} s.")
     return "\n\n".join(parts)
 
 
@@ -340,12 +342,13 @@ def build(status: dict | None = None) -> dict:
 
 
 def performance_md(machine: str, targets: str, sections: list[str], results: dict, status: dict | None) -> str:
-    from doc_text import BOUNDS, HEADER, REPRODUCE
+    from doc_text import BOUNDS, HEADER, PROFILE, REPRODUCE
     total = sum(s.get("seconds", 0) for s in (status or {}).values())
     ran = f"The last full run took {total / 60:.1f} minutes. " if total else ""
     return (f"{HEADER}\n\n## How to reproduce\n\n{REPRODUCE}\n\n{ran}Machine of the tables below: {machine}.\n\n"
             f"## Targets\n\n{targets}\n\n## Results\n\n" + "\n\n".join(sections) +
-            f"\n\n## What bounds each number\n\n{BOUNDS(results)}\n")
+            f"\n\n## What bounds each number\n\n{BOUNDS(results)}\n\n"
+            f"### Where the daemon's time goes (profile)\n\n{PROFILE}\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ as evidence of where the time goes.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -63,12 +64,21 @@ class Savers:
         self.fastpersist = fastpersist
         self.stagers: dict[int, object] = {}
         self.daemon_cpu: list[tuple[int, float]] = []  # (bytes, daemon CPU s) per ckptfs save
+        # CPU seconds per GiB of this (writer) process while torch.save ran: the rest of the
+        # blocked time it waited (for FUSE round trips, page allocation, ...)
+        self.writer_cpu: dict[str, list[float]] = {"shm": [], "ckptfs": []}
+
+    def _timed_save(self, sd: dict, p: Path, name: str) -> float:
+        c0, t0 = os.times(), time.perf_counter()
+        torch.save(sd, p)
+        blocked = time.perf_counter() - t0
+        c1 = os.times()
+        self.writer_cpu[name].append((c1.user + c1.system - c0.user - c0.system) / (p.stat().st_size / GiB))
+        return blocked
 
     def shm_save(self, sd: dict) -> dict:
         p = self.shm / "ckpt.pt"
-        t0 = time.perf_counter()
-        torch.save(sd, p)
-        blocked = time.perf_counter() - t0
+        blocked = self._timed_save(sd, p, "shm")
         p.unlink()
         return {"shm": (blocked, None)}
 
@@ -76,8 +86,7 @@ class Savers:
         p = self.mnt / "ckpt.pt"
         cpu0 = proc_cpu_seconds(self.daemon_pid)
         t0 = time.perf_counter()
-        torch.save(sd, p)
-        blocked = time.perf_counter() - t0
+        blocked = self._timed_save(sd, p, "ckptfs")
         fsync_path(p)
         durable = time.perf_counter() - t0
         self.daemon_cpu.append((p.stat().st_size, proc_cpu_seconds(self.daemon_pid) - cpu0))
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                             dur = f", durable {d:.3f} s" if d is not None else ""
                             print(f"{'round ' + str(rnd - args.warmup + 1) if measured else 'warm-up'} "
                                   f"{size / GiB:g} GiB {name:11s} blocked {b:.3f} s{dur}", flush=True)
-            daemon_cpu = savers.daemon_cpu
+            daemon_cpu, writer_cpu = savers.daemon_cpu, savers.writer_cpu
     finally:
         if savers is not None:
             savers.close()
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "sizes": results,
         "ckptfs_daemon_cpu_s_per_gib": (sum(c for _, c in daemon_cpu) / (cpu_bytes / GiB)) if cpu_bytes else None,
+        "writer_cpu_s_per_gib": {k: stats(v) for k, v in writer_cpu.items() if v},
         "targets": tgts,
     }
     for label, r in results.items():
