@@ -1,6 +1,6 @@
 # The commands of the README: `make demo` (the main job), `make test` and `make bench`.
 # Each installs what it needs first (apt packages as root, then .venv); only bench needs
-# the bench extra (matplotlib, deepspeed), installed by `make bench-setup`.
+# the bench extra (matplotlib, deepspeed), installed by `make bench-setup` (setup.sh --bench, a superset).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -26,7 +26,7 @@ $(VENV)/.ckptfs-bench-setup: pyproject.toml .ci/setup.sh
 	VENV=$(VENV) bash .ci/setup.sh --bench
 	touch $@
 
-bench: setup bench-setup
+bench: bench-setup
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
