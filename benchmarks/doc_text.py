@@ -18,7 +18,7 @@ benchmarks/results/*.json); edit benchmarks/doc_text.py for its prose._"""
 
 REPRODUCE = """```sh
 make bench                        # set-up, then all five cases, tables, plots, this file (~15 min, 2 cores)
-make bench BENCH_ARGS=--quick     # smoke run: smaller sizes, one round (~4 min)
+make bench BENCH_ARGS=--quick     # smoke run: smaller sizes, one round (~2-4 min)
 .venv/bin/python benchmarks/run_all.py --cases save,restore   # some cases (the others' results stay)
 .venv/bin/python benchmarks/save.py --sizes 1G,4G --repeats 5 # one case with its own knobs (--help)
 .venv/bin/python benchmarks/report.py                         # tables, plots and this file from the JSON
@@ -78,8 +78,9 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
 
     return f"""**Save, blocked time.** `torch.save` itself sets the floor: it pickles,
 computes a CRC32 of every record for its zip container and writes from one
-thread; into `/dev/shm` that ran at {_num(shm_gbps, unit=" GB/s")} here, which is the
-best any file-writing system can do for that call. Into ckptfs the same
+thread; into `/dev/shm` that ran at {_num(shm_gbps, unit=" GB/s")} here, the floor
+the target is set against (though not a hard one: tmpfs allocates fresh pages
+on every save, which a pre-faulted arena avoids). Into ckptfs the same
 `torch.save` ran at {_num(ck_gbps, unit=" GB/s")}: each `write()` also makes a
 synchronous FUSE round trip (libfuse 3.14 caps a request at 1 MiB), pyfuse3
 copies every WRITE into a new `bytes` object and the daemon copies it once
@@ -129,7 +130,10 @@ varies widely on a shared machine, so compare the plain-read column too.
 
 **Scale.** Aggregate absorb with N writer processes is bounded by the two
 cores shared by the writers and the daemon (and, for /dev/shm, by memory
-bandwidth into fresh pages). Durable bandwidth over throttled loop devices is
+bandwidth into fresh pages); ckptfs also by its one request-serving Python
+thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
+serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
+however many writers there are. Durable bandwidth over throttled loop devices is
 bounded by the blkio limit per device (the emulated NVMe speed); the raw
 O_DIRECT writer with the same block size and queue depth shows what the
 devices give, so ckptfs / raw isolates ckptfs's own cost (daemon CPU per GiB

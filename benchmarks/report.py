@@ -300,6 +300,8 @@ def build(status: dict | None = None) -> dict:
     """Write summary.md, summary.json, the PNGs and docs/PERFORMANCE.md from the results on disk.
     `status`: {case: {"rc": int, "seconds": float}} from run_all."""
     results = {case: read_results(case) for case in CASES}
+    if status is None:  # rebuilt by hand: keep what run_all recorded of the last run
+        status = (read_results("summary") or {}).get("status") or None
     try:
         import matplotlib
         matplotlib.use("Agg")
