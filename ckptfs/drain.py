@@ -212,16 +212,17 @@ class Drainer:
             view = self.s.arena.view(slot)
             length = round_up(ext.length)
             try:
-                await trio.to_thread.run_sync(self.s.devices[ext.dev].pread_into, view[:length],
-                                              self.s.sbs[ext.dev].unit_offset(ext.unit),
-                                              limiter=self.s.limiters[ext.dev])
+                crc = await trio.to_thread.run_sync(_read_and_checksum, self.s.devices[ext.dev], view,
+                                                    length, ext.length,
+                                                    self.s.sbs[ext.dev].unit_offset(ext.unit),
+                                                    limiter=self.s.limiters[ext.dev])
             except DeviceError:
                 self.s.arena.free(slot)
                 self.s.stats[ext.dev].errors += 1
                 raise
             self.s.stats[ext.dev].bytes_read += length
             self.s.stats[ext.dev].reads += 1
-            if crc32c.crc32c(view[:ext.length]) != ext.crc:
+            if crc != ext.crc:
                 self.s.arena.free(slot)
                 self.s.stats[ext.dev].errors += 1
                 msg = (f"checksum mismatch reading inode {chunk.ino} chunk {chunk.idx} from "
@@ -237,6 +238,12 @@ class Drainer:
             del self.s._fetching[key]
             done.set()
 
+
+
+def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid: int, offset: int) -> int:
+    """In a worker thread: read `length` bytes into `view`, return the crc32c of the first `valid`."""
+    device.pread_into(view[:length], offset)
+    return crc32c.crc32c(view[:valid])
 
 
 def _checksum_and_write(device: BlockDevice, views: list[memoryview], hwms: list[int], offset: int
