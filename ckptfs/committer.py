@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -19,6 +20,9 @@ from .device import aligned_buffer
 from .errors import DeviceError
 from .journal import encode_frame
 from .tasks import gather
+
+if TYPE_CHECKING:
+    from .store import Pending
 
 log = logging.getLogger("ckptfs.journal")
 

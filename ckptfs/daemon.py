@@ -181,7 +181,7 @@ def serve(cfg: MountConfig) -> int:
     mounted = False
 
     async def main() -> None:
-        nonlocal stopped_by_signal, mounted
+        nonlocal mounted
         await store.compact()
         await control.bind()
         if metrics is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import os
 from typing import Awaitable, Callable
 
 import pyfuse3

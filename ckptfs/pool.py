@@ -24,7 +24,7 @@ from .durable import DurableState
 from .errors import UsageError
 from .filemap import Chunk, FileData
 from .journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
-from .layout import (DEFAULT_JOURNAL_HALF, JOURNAL_OFF, SB_SIZE, FormatError, Superblock,
+from .layout import (DEFAULT_JOURNAL_HALF, SB_SIZE, FormatError, Superblock,
                      foreign_signature, make_superblocks, min_device_size)
 from .namespace import ROOT_INO, Namespace
 

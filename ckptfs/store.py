@@ -40,9 +40,8 @@ from .committer import Committer
 from .device import BlockDevice
 from .drain import BATCH, Drainer
 from .durable import DurableState
-from .errors import DeviceError, DevicesFull, FsError, NoSpace, fs_error
+from .errors import DevicesFull, FsError, NoSpace, fs_error
 from .filemap import Chunk
-from .journal import Extent, encode_frame, frame_size
 from .layout import Superblock
 from .namespace import Inode, Namespace
 
@@ -134,7 +133,6 @@ class Store:
         self._sync_waiters = 0
         self._fetching: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
-        self.closing = False
         self.drainer = Drainer(self)
         self.committer = Committer(self)
         self.bytes_absorbed = 0
@@ -394,7 +392,7 @@ class Store:
         """Absorb first: hold the drain while writes stream in and nothing presses."""
         return (self.drain_policy == "absorb-first"
                 and trio.current_time() - self._last_write < HOLD_IDLE
-                and not self._sync_waiters and not self.closing
+                and not self._sync_waiters
                 and self.arena.free_slots * 2 > self.arena.nslots)
 
     async def _gatekeeper(self) -> None:
