@@ -35,11 +35,24 @@ def is_mounted(path: str | Path) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
-def make_devices(root: Path, n: int, size: int) -> list[Path]:
+def poll(fn, what: str, timeout: float = 60.0, every: float = 0.05):
+    """fn()'s first truthy value, checked every `every` seconds; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def make_devices(root: Path, n: int, size: int, prefix: str = "dev") -> list[Path]:
+    """n sparse files of `size` bytes, root/{prefix}0.img ..."""
     root.mkdir(parents=True, exist_ok=True)
     devs = []
     for i in range(n):
-        p = root / f"dev{i}.img"
+        p = root / f"{prefix}{i}.img"
         with open(p, "wb") as f:
             f.truncate(size)
         devs.append(p)

@@ -16,21 +16,14 @@ from pathlib import Path
 import pytest
 
 from ckptfs.layout import SB_SIZE, Superblock
-from mounting import CkptMount, ckptfs, is_mounted
+from mounting import CkptMount, ckptfs, is_mounted, make_devices
 
 MiB = 1 << 20
 SIZE = 128 * MiB  # sparse: costs nothing on disk
 
 
 def make_files(root: Path, n: int, size: int = SIZE, prefix: str = "dev") -> list[Path]:
-    root.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i in range(n):
-        p = root / f"{prefix}{i}.img"
-        with open(p, "wb") as f:
-            f.truncate(size)
-        out.append(p)
-    return out
+    return make_devices(root, n, size, prefix)
 
 
 def arg(paths) -> str:

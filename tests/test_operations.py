@@ -26,22 +26,13 @@ import pytest
 
 import ckptfs
 import nobody
-from mounting import CkptMount, ckptfs as run_cli, is_mounted, make_devices
+from mounting import CkptMount, ckptfs as run_cli, is_mounted, make_devices, poll
 from throttle import Throttle
 
 pytestmark = pytest.mark.mount
 MiB = 1 << 20
 
 
-def poll(fn, what, timeout=60.0, every=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def status_json(m) -> dict:

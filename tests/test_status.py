@@ -5,6 +5,7 @@ so a file can be caught in each state (memory, draining x%, durable) with no
 timing luck; journal writes (pwrite) pass freely.
 """
 import errno
+import functools
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from ckptfs.monitor import Histogram, Monitor
 from ckptfs.namespace import ROOT_INO
 from ckptfs.status import file_states, snapshot
 
+import mounting
 import nobody
 from faulty import FaultyDevice, Power
 from inproc import CTX, Driver, PathOps, make_devices
@@ -58,15 +60,7 @@ def gated(n=2, size=8 << 20):
     return [GatedDevice(size, f"mem{i}", power=power) for i in range(n)]
 
 
-def poll(fn, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+poll = functools.partial(mounting.poll, timeout=20.0, every=0.02)
 
 
 class Env:
