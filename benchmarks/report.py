@@ -82,16 +82,21 @@ def training_md(d: dict) -> str:
     for name, r in d["rows"].items():
         cpu = [fs(r.get("trainer_cpu_s"), 1e3, 0), fs(r.get("daemon_cpu_s"), 1e3, 0)]
         if name == "none":
-            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu])
+            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu, "–"])
             continue
         ratio = d["ratios"].get(f"overhead_{r['system']}_over_shm@{r['every']}")
+        age = r.get("durable_age_s")
+        age = f"{age['median']:.2f} / {age['max']:.2f}" if age else "never durable"
         rows.append([r["label"], str(r["every"]), fs(r["step_s"], 1e3, 0), fs(r["overhead_s"], 1e3, 0),
-                     fs(r["overhead_pct"], 1, 0), "1 (floor)" if r["system"] == "shm" else fs(ratio), *cpu])
+                     fs(r["overhead_pct"], 1, 0), "1 (floor)" if r["system"] == "shm" else fs(ratio), *cpu, age])
     return (f"Checkpoint {c['checkpoint_bytes'] / 2**20:.0f} MiB (model + Adam state), batch {c['batch_size']}, "
             f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max). CPU columns: "
-            f"CPU time per step of the training process and of the ckptfs daemon, during the measured steps.\n\n" +
+            f"CPU time per step of the training process and of the ckptfs daemon, during the measured steps. "
+            f"Durability lag: the age of the newest checkpoint a crash would keep, sampled before each save "
+            f"(median / max).\n\n" +
             table(["system", "every (steps)", "step (ms)", "overhead (ms)", "overhead (%)",
-                   "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)"], rows))
+                   "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)",
+                   "durability lag (s)"], rows))
 
 
 def restore_md(d: dict) -> str:

@@ -19,6 +19,13 @@ step time. Configurations, rotated every round:
 Overhead = mean step time - the same round's baseline; ratios to the /dev/shm
 floor are taken round by round. Target: with a checkpoint every step, the
 ckptfs overhead is within 1.15 x the /dev/shm overhead.
+
+Durability lag: before each save, the age of the newest checkpoint that a
+crash at that moment would keep (max and median per system): ext4 + fsync,
+the last save; dcp_async, the last whose upload completed; ckptfs, the last
+save closed before the oldest journal record still pending (the daemon's
+`lag` control request; prefix rule), or the last save when nothing is
+pending; /dev/shm keeps nothing (not reported).
 """
 from __future__ import annotations
 
@@ -53,8 +60,35 @@ class Saver:
         self.dir = dirs.get(kind)
         self.stager = None
         self.pending = None  # DCP: the last AsyncSaveResponse
+        self.saved_at: list[float] = []  # when each save returned (time.monotonic)
+        self.ages: list[float] = []  # sampled before each save: age of the newest durable checkpoint
+        self.control = None
+        if kind == "ckptfs":
+            from ckptfs.control import Client, control_path
+            self.control = Client(control_path(str(self.dir)))
+
+    def sample_durable_age(self) -> None:
+        now = time.monotonic()
+        if self.kind == "ext4_fsync":
+            newest = self.saved_at[-1] if self.saved_at else None
+        elif self.kind == "dcp_async":
+            done = self.pending is None or self.pending.upload_completion.done()
+            newest = self.saved_at[-1 if done else -2] if len(self.saved_at) >= (1 if done else 2) else None
+        elif self.kind == "ckptfs":
+            lag = self.control.request({"op": "lag"})["lag"]
+            committed = [t for t in self.saved_at if t <= now - lag] if lag > 0 else self.saved_at
+            newest = committed[-1] if committed else None
+        else:
+            return  # /dev/shm: nothing survives a crash
+        if newest is not None:
+            self.ages.append(now - newest)
 
     def save(self, state: dict) -> None:
+        self.sample_durable_age()
+        self._save(state)
+        self.saved_at.append(time.monotonic())
+
+    def _save(self, state: dict) -> None:
         if self.kind in ("shm", "ckptfs"):
             torch.save(state, self.dir / "ckpt.pt")
         elif self.kind == "ext4_fsync":
@@ -76,6 +110,9 @@ class Saver:
             self.pending.staging_completion.result()
 
     def finish(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
         if self.pending is not None:
             self.pending.upload_completion.result()
             self.pending = None
@@ -87,7 +124,7 @@ class Saver:
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
         batch_size: int, width: int, step0: int, daemon_pid: int) -> tuple[float, float, float]:
     """Per measured step (saves included): wall seconds, this process's CPU seconds, the ckptfs
-    daemon's CPU seconds."""
+    daemon's CPU seconds. The saver keeps the durability ages it sampled."""
     def one(i: int) -> None:
         x, y = batch(step0 + i, batch_size, width)
         loss = nn.functional.mse_loss(model(x), y)
@@ -122,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--memory", default="3G")
+    ap.add_argument("--max-lag", default=None, help="ckptfs --max-lag (default: ckptfs's own)")
     ap.add_argument("--scratch", type=Path, default=SCRATCH / "training")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
@@ -144,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     configs = [("none", 0)] + [(s, e) for s in systems for e in everies]
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     cpus: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in configs}
+    ages: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     step = 0
     ckpt_bytes = 0
     t_start = time.perf_counter()
     try:
-        with shm_dir("training") as shm, mounted(scratch / "mnt", devices, args.memory,
+        extra = ("--max-lag", args.max_lag) if args.max_lag else ()
+        with shm_dir("training") as shm, mounted(scratch / "mnt", devices, args.memory, extra=extra,
                                                  log_file=scratch / "daemon.log") as pid:
             dirs = {"shm": shm, "ckptfs": scratch / "mnt", "ext4_fsync": ext4, "dcp_async": ext4}
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
@@ -165,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     step += args.warmup + n
                     times[(kind, every)].append(dt)
                     cpus[(kind, every)].append((cpu, dcpu))
+                    if saver is not None:
+                        ages[(kind, every)] += saver.ages
                     print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step "
                           f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms)", flush=True)
                     if kind == "ckptfs":
@@ -187,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             over = [x - b for x, b in zip(t, base)]
             rows[f"{kind}@{every}"] = {"label": LABELS[kind], "system": kind, "every": every,
                                        "step_s": stats(t), "overhead_s": stats(over),
-                                       "overhead_pct": stats([100 * o / b for o, b in zip(over, base)])
+                                       "overhead_pct": stats([100 * o / b for o, b in zip(over, base)]),
+                                       "durable_age_s": stats(ages[(kind, every)]) if ages[(kind, every)] else None,
                                        } | cpu_stats((kind, every))
     tgts = []
     for every in everies:
@@ -222,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                    "baseline_steps": args.steps, "warmup_steps": args.warmup, "params_mb": args.params_mb,
                    "width": args.width, "batch_size": args.batch_size, "optimizer": "Adam",
                    "checkpoint_bytes": ckpt_bytes, "tensors": len(probe["model"]), "memory": args.memory,
+                   "max_lag": args.max_lag or "default",
                    "torch_threads": torch.get_num_threads(),
                    "ckptfs_devices": "2 sparse files on the ext4 root disk"},
         "rows": rows,
@@ -233,8 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "none":
             continue
         o = r["overhead_s"]
+        a = r["durable_age_s"]
+        age = (f"; newest durable checkpoint {a['median']:.2f} s old (max {a['max']:.2f})" if a
+               else "; nothing durable")
         print(f"  {r['label']:28s} every {r['every']:>2}: {r['step_s']['median'] * 1e3:.0f} ms/step, overhead "
-              f"{o['median'] * 1e3:+.0f} ms ({o['min'] * 1e3:+.0f}..{o['max'] * 1e3:+.0f})")
+              f"{o['median'] * 1e3:+.0f} ms ({o['min'] * 1e3:+.0f}..{o['max'] * 1e3:+.0f}){age}")
     return finish("training", data, ratios)
 
 

@@ -19,6 +19,7 @@ from .arena import DEFAULT_CHUNK
 from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
 from .errors import UsageError
 from .sizes import parse_size
+from .store import DEFAULT_MAX_LAG
 
 DEFAULT_MEMORY = "25%"
 
@@ -61,6 +62,7 @@ def _mount(args) -> int:
     devices = check_devices(args.devices)
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
+    max_lag = _max_lag(args.max_lag)
     from .pool import open_pool
     if args.format and memory < 2 * _chunk_size(args):
         raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
@@ -75,7 +77,8 @@ def _mount(args) -> int:
                       chunk_size=chunk, capacity=sum(d.size for d in devices),
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
-                      metrics_port=args.metrics_port, metrics_addr=args.metrics_addr)
+                      max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
+                      metrics_addr=args.metrics_addr)
     if args.foreground:
         from .logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
@@ -91,10 +94,12 @@ def _spawn_daemon(args, mp: str) -> int:
     cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
-           "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
+           "--max-lag", args.max_lag, "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
            "--log-format", args.log_format, "--metrics-addr", args.metrics_addr]
     if args.metrics_port is not None:
         cmd += ["--metrics-port", str(args.metrics_port)]
+    if args.force_recover:
+        cmd.append("--force-recover")
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -259,6 +264,17 @@ def _wait(args) -> int:
     return wait(args)
 
 
+def _max_lag(text: str) -> float:
+    try:
+        lag = float(text)
+    except ValueError:
+        lag = float("nan")
+    if not (0 < lag < float("inf")):
+        raise UsageError(f"bad --max-lag {text!r}: must be a number of seconds above 0 "
+                         f"(for no deferral at all use --drain eager)")
+    return lag
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -301,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="absorb-first (default): while writes stream in and memory is plentiful, hold "
                         "the drain so saves return fastest; eager: drain chunks as soon as they fill "
                         "(best when the devices, not the CPU, are the bottleneck)")
+    m.add_argument("--max-lag", default=repr(DEFAULT_MAX_LAG), metavar="SECONDS",
+                   help="longest a closed file's commit is deferred while saves stream in; it is then "
+                        "durable once drained (default %(default)s)")
+    m.add_argument("--force-recover", action="store_true",
+                   help="mount even when the newest journal state is damaged on every device, rolling "
+                        "back to the older state that survives (ckptfs fsck shows what is lost)")
     m.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="text (default): 'TIME LEVEL EVENT key=value ...' lines; json: one object per line")
     m.add_argument("--metrics-port", type=_port, default=None,

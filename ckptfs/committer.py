@@ -4,14 +4,18 @@ One task takes the longest prefix of pending records that is ready (every
 chunk a `content` record captured is drained) and does not split an atomic
 group, flushes the devices holding data written since the last commit, writes
 the frame at the journal tail on every device, flushes again, then applies the
-records to the durable state and wakes fsync waiters. When a frame does not
-fit in the current half, it first compacts: a snapshot of the durable state
-at the start of the other half (see docs/FORMAT.md).
+records to the durable state and wakes fsync waiters. Every frame carries a
+`stamp` record (its wall-clock time), so recovery can say when the state it
+recovered was current. When a frame does not fit in the current half, it first
+compacts: a snapshot of the durable state at the start of the other half, then
+a new journal anchor naming that half (see docs/FORMAT.md). A clean unmount
+writes an anchor marked clean (`write_anchor(clean=True)`).
 """
 from __future__ import annotations
 
 import errno
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -19,6 +23,7 @@ import trio
 from .device import aligned_buffer
 from .errors import DeviceError
 from .journal import encode_frame
+from .layout import Anchor
 from .tasks import gather
 
 if TYPE_CHECKING:
@@ -85,10 +90,11 @@ class Committer:
         records = [r for r in (p.record(self.s.chunk_size) for p in batch) if r is not None]
         await self._flush(list(self.s.unflushed))
         if records:
-            frame = encode_frame(self.s.sb.pool_id, self.s.seq + 1, self.s.durable.epoch, records)
+            stamped = [("stamp", time.time_ns()), *records]
+            frame = encode_frame(self.s.sb.pool_id, self.s.seq + 1, self.s.durable.epoch, stamped)
             if self.s.tail + len(frame) > self.s.sb.journal_half:
                 await self.compact()
-                frame = encode_frame(self.s.sb.pool_id, self.s.seq + 1, self.s.durable.epoch, records)
+                frame = encode_frame(self.s.sb.pool_id, self.s.seq + 1, self.s.durable.epoch, stamped)
                 if self.s.tail + len(frame) > self.s.sb.journal_half:
                     raise DeviceError("journal is too small for one commit: format with a larger --journal-size")
             await self._write_journal(frame, self.s.tail)
@@ -124,7 +130,8 @@ class Committer:
     async def compact(self) -> None:
         """Write a snapshot of the durable state at the start of the other half, then go on there."""
         epoch = self.s.durable.epoch + 1
-        recs = [("begin", epoch, self.s.durable.ns.next_ino)] + self.s.durable.snapshot() + [("snapend",)]
+        recs = [("begin", epoch, self.s.durable.ns.next_ino), ("stamp", time.time_ns()),
+                *self.s.durable.snapshot(), ("snapend",)]
         frames, seq = [], self.s.seq
         step = 2000
         for i in range(0, len(recs), step):
@@ -142,4 +149,20 @@ class Committer:
             raise
         self.s.durable.epoch = epoch
         self.s.seq, self.s.tail = seq, len(blob)
+        await self.write_anchor(clean=False)
         log.info("journal compacted into half %d (epoch %d, %d records, %d bytes)", half, epoch, len(recs), len(blob))
+
+    async def write_anchor(self, *, clean: bool) -> None:
+        """Record on every device which half and epoch are current (and, when `clean`, that nothing
+        follows the last frame: the pool was closed cleanly). Both slots alternate, so a torn anchor
+        write leaves the previous one intact."""
+        gen = self.s.anchor_gen + 1
+        anchor = Anchor(generation=gen, epoch=self.s.durable.epoch, half=self.s.half, clean=clean,
+                        seq=self.s.seq, time_ns=time.time_ns())
+        block = anchor.encode(self.s.sb.pool_id)
+        buf = aligned_buffer(len(block))
+        buf[:] = block
+        await gather([(self._run_on, d, self.s.devices[d].pwrite, buf, anchor.offset)
+                      for d in range(len(self.s.devices))])
+        await self._flush(list(range(len(self.s.devices))))
+        self.s.anchor_gen = gen

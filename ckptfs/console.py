@@ -114,6 +114,21 @@ def render(st: dict, limit: int = 20):
             line += (f"; {tot['files_memory']} file(s) in memory become durable once closed or fsynced "
                      f"(or ckptfs wait)")
         parts.append(Text(line))
+    lag = st.get("lag")
+    if lag and lag["oldest"] is not None:
+        old = lag["oldest"]
+        line = (f"Oldest closed file not yet durable: {old['path'] or '(no name, inode %d)' % old['ino']}, "
+                f"closed {human_seconds(old['age'])} ago (bound --max-lag {lag['max_lag']:g}s + drain time)")
+        parts.append(Text(line + ("; the devices are not keeping up" if lag["behind"] else ""),
+                          style="bold yellow" if lag["behind"] else ""))
+    rec = st.get("recovery")
+    if rec and not rec.get("clean", True):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["time_ns"] / 1e9)) if rec.get("time_ns") \
+            else "an unknown time"
+        parts.append(Text(f"Recovered from an unclean shutdown at mount: state of journal frame {rec['seq']} "
+                          f"({when}); discarded: {'; '.join(rec['discarded']) or 'nothing'}", style="yellow"))
+    for w in (rec or {}).get("warnings", ()):
+        parts.append(Text(f"Recovery warning: {w}", style="bold red"))
     lat = tot["drain_latency"]
     parts.append(Text(f"Totals: absorbed {human_bytes(tot['bytes_absorbed'])}, drained "
                       f"{human_bytes(tot['bytes_drained'])}, skipped as stale {human_bytes(tot['bytes_skipped'])}; "

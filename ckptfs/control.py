@@ -23,6 +23,8 @@ Protocol: newline-delimited JSON. Each request is one object with an
 "op"; replies are objects with "ok" (and "error" when false):
 
     {"op": "ping"}                      -> {"ok": true, "pid": ...}
+    {"op": "lag"}                       -> {"ok": true, "lag": seconds, "max_lag": ...}: how long
+        the oldest record not yet in the journal has waited (cheap: for benchmarks and probes)
     {"op": "status", "window": 2, "limit": null}
                                         -> {"ok": true, "status": {...}} (see status.py)
     {"op": "wait", "inos": [5, 9] | null, "interval": 0.25}
@@ -189,6 +191,8 @@ class ControlServer:
         op = req.get("op")
         if op == "ping":
             await _send(stream, {"ok": True, "pid": os.getpid()})
+        elif op == "lag":
+            await _send(stream, {"ok": True, "lag": self.store.lag(), "max_lag": self.store.max_lag})
         elif op == "status":
             limit = req.get("limit")
             limit = limit if isinstance(limit, int) and limit >= 0 else None

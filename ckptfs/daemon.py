@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import pyfuse3
@@ -29,8 +30,8 @@ from .fuse_ops import Operations
 from .layout import DEFAULT_JOURNAL_HALF
 from .monitor import Monitor
 from .namespace import ROOT_INO
-from .pool import format_pool, live_namespace, open_pool, recover
-from .store import Store
+from .pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
+from .store import DEFAULT_MAX_LAG, Store
 
 log = logging.getLogger("ckptfs.daemon")
 READAHEAD_KIB = 4096
@@ -48,6 +49,8 @@ class MountConfig:
     queue_depth: int = 8
     fsync_absorb: bool = False
     drain_policy: str = "absorb-first"
+    max_lag: float = DEFAULT_MAX_LAG
+    force_recover: bool = False  # accept a journal older than its anchors promise (pool.recover)
     journal_half: int = DEFAULT_JOURNAL_HALF
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
     metrics_addr: str = "127.0.0.1"
@@ -99,20 +102,35 @@ def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, St
         format_pool(devices, chunk_size=cfg.chunk_size, journal_half=cfg.journal_half)
     pool = open_pool(devices)
     try:
-        rec = recover(pool)
+        rec = recover(pool, force=cfg.force_recover)
     except BaseException:
         pool.close()
         raise
     for w in rec.warnings:
         log.warning("%s", w)
+    _log_recovery(rec)
     arena = Arena(cfg.memory, pool.sbs[0].chunk_size)
     store = Store(arena, pool.devices, pool.sbs, rec.durable, half=rec.half, tail=rec.tail,
                   seq=rec.seq, queue_depth=cfg.queue_depth, fsync_absorb=cfg.fsync_absorb,
-                  drain_policy=cfg.drain_policy)
+                  drain_policy=cfg.drain_policy, max_lag=cfg.max_lag, anchor_gen=rec.anchor_gen,
+                  recovery=rec.report())
     ns = live_namespace(rec.records, rec.durable.alloc, store)
     fs = Filesystem(arena, capacity_bytes=store.capacity_bytes(), owner=store, durability=store, ns=ns)
     store.attach(fs.ns)
     return fs, store
+
+
+def _log_recovery(rec) -> None:
+    """An unclean shutdown (or a forced roll-back) is recovered loudly: to what, and what was dropped."""
+    if rec.rollback:
+        log.warning("recovery.rolled_back", extra={"fields": {"reason": rec.rollback}})
+    if rec.clean:
+        return
+    when = (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(rec.time_ns / 1e9)) + "Z"
+            if rec.time_ns else "unknown")
+    log.warning("recovered.unclean_shutdown", extra={"fields": {
+        "journal_seq": rec.seq, "epoch": rec.durable.epoch, "state_time": when,
+        "discarded": "; ".join(rec.discarded) or "nothing"}})
 
 
 def operations(fs: Filesystem, store: Store, monitor: Monitor,
@@ -182,7 +200,9 @@ def serve(cfg: MountConfig) -> int:
 
     async def main() -> None:
         nonlocal mounted
-        await store.compact()
+        await store.compact()  # also writes a fresh (not clean) journal anchor
+        if upgrade_superblocks(store.devices, store.sbs):
+            log.info("format.upgraded", extra={"fields": {"from_version": store.sb.version}})
         await control.bind()
         if metrics is not None:
             from .metrics import read_metrics
@@ -220,6 +240,7 @@ def serve(cfg: MountConfig) -> int:
                                                      "bytes_to_drain": store.undrained_bytes()}})
             with trio.CancelScope(shield=True):
                 await store.drain_all()
+                await store.committer.write_anchor(clean=True)
             nursery.cancel_scope.cancel()
 
     try:

@@ -2,8 +2,10 @@
 
 A record is a tuple ``(op, *args)`` whose arguments are exactly those the
 namespace observer reports (see namespace.py), plus ``content`` (a file's
-size, times and chunk extents at close/fsync) and the snapshot records
-``attrs``, ``begin`` and ``snapend``.
+size, times and chunk extents at close/fsync), the snapshot records
+``attrs``, ``begin`` and ``snapend``, and ``stamp`` (the wall-clock time of a
+commit; every frame the daemon writes carries one, and replay reports the
+last instead of returning it).
 
 A frame is one atomic commit of one or more records:
 
@@ -19,7 +21,8 @@ snapshot of the whole namespace ended by ``snapend``; commits follow. Replay
 reads frames while each is valid and continues the sequence; the first that
 is not ends replay (a torn tail, quietly). If a valid frame of the same epoch
 with a later seq turns up after the stop, the stop was corruption in the
-middle, and `corrupt_at` says where.
+middle, and `corrupt_at` says where. A frame header with the right magic at the
+stopping point whose checksum fails is a commit torn by the crash: `torn_at`.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ RECORDS: dict[str, tuple[int, str]] = {
     "attrs": (10, "QIIIqqq"),
     "begin": (11, "QQ"),
     "snapend": (12, ""),
+    "stamp": (13, "q"),
 }
 _BY_TYPE = {t: (op, kinds) for op, (t, kinds) in RECORDS.items()}
 _EXT = struct.Struct("<QHQII")
@@ -165,7 +169,9 @@ class HalfReplay:
     complete: bool = False  # the snapshot at its start was fully written
     tail: int = 0  # offset where the next frame goes
     corrupt_at: int | None = None
+    torn_at: int | None = None  # a frame was being written here (the crash tore it)
     frames: int = 0
+    time_ns: int | None = None  # the wall-clock time of the last commit replayed (its stamp)
 
 
 def replay_half(pool_id: bytes, buf) -> HalfReplay:
@@ -177,7 +183,11 @@ def replay_half(pool_id: bytes, buf) -> HalfReplay:
     seq, epoch, records, nxt = first
     out.epoch, out.first_seq = epoch, seq
     while True:
-        out.records.extend(records)
+        for r in records:
+            if r[0] == "stamp":
+                out.time_ns = r[1]
+            else:
+                out.records.append(r)
         out.frames += 1
         out.last_seq = seq
         out.tail = nxt
@@ -187,6 +197,9 @@ def replay_half(pool_id: bytes, buf) -> HalfReplay:
         if f is None or f[0] != seq + 1 or f[1] != epoch:
             break
         seq, epoch, records, nxt = f
+    if out.tail + _HDR.size <= len(buf) and _HDR.unpack_from(buf, out.tail)[0] == MAGIC \
+            and _frame_at(pool_id, buf, out.tail) is None:
+        out.torn_at = out.tail
     # a later valid frame of this epoch means the stop was damage, not a torn tail
     off = out.tail + BLOCK
     while off < len(buf):

@@ -3,6 +3,7 @@
 Every device of a pool starts with the same layout (docs/FORMAT.md has every byte):
 
     0            4 KiB: superblock (this device's place in the pool)
+    4 KiB, 8 KiB two journal anchor slots (which half and epoch are current)
     1 MiB        journal half A  (journal_half bytes)
     1 MiB + h    journal half B  (journal_half bytes)
     data_off     data units of chunk_size bytes, up to the end of the device
@@ -19,7 +20,10 @@ from dataclasses import dataclass
 import crc32c
 
 SB_MAGIC = b"CKPTFSSB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 (no anchors) is upgraded in place at mount
+ANCHOR_MAGIC = b"CKPTFSAN"
+ANCHOR_SLOTS = (4096, 8192)  # generation g goes to slot g % 2: a torn write spares the other
 SB_SIZE = 4096
 JOURNAL_OFF = 1 << 20
 DEFAULT_JOURNAL_HALF = 32 << 20
@@ -64,8 +68,9 @@ class Superblock:
         if crc32c.crc32c(body) != crc:
             raise FormatError(f"{device}: ckptfs superblock checksum mismatch (corrupt superblock)")
         f = _SB.unpack(body)
-        if f[1] != FORMAT_VERSION:
-            raise FormatError(f"{device}: unsupported ckptfs format version {f[1]} (this is {FORMAT_VERSION})")
+        if f[1] not in READABLE_VERSIONS:
+            raise FormatError(f"{device}: unsupported ckptfs format version {f[1]} (this ckptfs reads "
+                              f"versions {', '.join(map(str, READABLE_VERSIONS))})")
         return cls(pool_id=f[2], index=f[3], count=f[4], chunk_size=f[5], journal_off=f[6],
                    journal_half=f[7], data_off=f[8], data_units=f[9], device_size=f[10],
                    created_ns=f[11], version=f[1])
@@ -75,6 +80,44 @@ class Superblock:
 
     def unit_offset(self, unit: int) -> int:
         return self.data_off + unit * self.chunk_size
+
+
+# magic, pool id, generation, epoch, half, clean, seq, time (ns), then crc32c of all that
+_AN = struct.Struct("<8s16sQQIIQq")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Where the journal is: the current half and its epoch, rewritten at every compaction and at
+    a clean unmount. Recovery compares it with what replay finds, so losing the newest half (or
+    the tail of a cleanly closed journal) is detected instead of silently rolled back."""
+    generation: int
+    epoch: int
+    half: int
+    clean: bool  # written by a clean unmount: nothing follows frame `seq`
+    seq: int  # the last frame written when the anchor was
+    time_ns: int
+
+    @property
+    def offset(self) -> int:
+        return ANCHOR_SLOTS[self.generation % 2]
+
+    def encode(self, pool_id: bytes) -> bytes:
+        body = _AN.pack(ANCHOR_MAGIC, pool_id, self.generation, self.epoch, self.half, int(self.clean),
+                        self.seq, self.time_ns)
+        return (body + struct.pack("<I", crc32c.crc32c(body))).ljust(SB_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, pool_id: bytes) -> "Anchor | None":
+        """The anchor in one slot, or None where the slot holds no valid anchor of this pool."""
+        body = raw[:_AN.size]
+        if len(raw) < _AN.size + 4 or body[:8] != ANCHOR_MAGIC:
+            return None
+        (crc,) = struct.unpack_from("<I", raw, _AN.size)
+        f = _AN.unpack(body)
+        if crc32c.crc32c(body) != crc or f[1] != pool_id:
+            return None
+        return cls(generation=f[2], epoch=f[3], half=f[4], clean=bool(f[5]), seq=f[6], time_ns=f[7])
 
 
 def plan(device_size: int, chunk_size: int, journal_half: int = DEFAULT_JOURNAL_HALF) -> tuple[int, int]:

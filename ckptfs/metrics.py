@@ -25,6 +25,11 @@ Metrics (all prefixed ``ckptfs_``):
     records_pending             journal records waiting to be committed
     records_voided_total        commits dropped because they were superseded
     eta_seconds                 estimated time until everything is durable (NaN: unknown)
+    durability_lag_seconds      how long the oldest record not yet in the journal has waited
+                                (stays under max_lag + drain time while the devices keep up)
+    max_lag_seconds             the mount's --max-lag
+    unclean_recoveries_total    1 when this mount recovered from an unclean shutdown, else 0
+    journal_frames_discarded_total   torn or damaged journal frames dropped by that recovery
 """
 from __future__ import annotations
 
@@ -70,6 +75,9 @@ def read_metrics(store, monitor, window: float = 2.0) -> dict:
         "backpressure_waits": monitor.backpressure_waits, "backpressure_seconds": monitor.backpressure_seconds,
         "devices": devices, "files": by_state,
         "records_pending": len(store.pending), "records_voided": store.records_voided,
+        "lag": store.lag(), "max_lag": store.max_lag,
+        "unclean": 0 if store.recovery.get("clean", True) else 1,
+        "discarded": len(store.recovery.get("discarded", ())),
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
     }
 
@@ -107,6 +115,13 @@ class StoreCollector:
                     m["records_voided"]),
             GaugeMetricFamily("ckptfs_records_pending", "Journal records waiting to be committed.",
                               value=m["records_pending"]),
+            GaugeMetricFamily("ckptfs_durability_lag_seconds",
+                              "Seconds the oldest record not yet in the journal has waited.", value=m["lag"]),
+            GaugeMetricFamily("ckptfs_max_lag_seconds", "The mount's --max-lag.", value=m["max_lag"]),
+            counter("unclean_recoveries", "Recoveries from an unclean shutdown at this mount (0 or 1).",
+                    m["unclean"]),
+            counter("journal_frames_discarded", "Torn or damaged journal frames dropped at recovery.",
+                    m["discarded"]),
             GaugeMetricFamily("ckptfs_eta_seconds", "Estimated seconds until everything is durable (NaN: unknown).",
                               value=m["eta"]),
         ]

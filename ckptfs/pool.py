@@ -6,7 +6,11 @@ else. `open_pool` reads the superblocks and refuses a device set that is not
 exactly one pool in the right order. `recover` replays the journal: each
 device carries a mirror of it in two halves; the newest complete half
 (highest epoch whose snapshot was fully written) with the longest valid run
-of frames on any device wins. `fsck` replays and reads every extent back.
+of frames on any device wins. The journal anchors (layout.Anchor) say which
+half and epoch should win and whether the last unmount was clean: when replay
+finds less than they promise (the newest half, or a cleanly closed tail, lost
+on every mirror), recovery refuses to roll back unless forced. `fsck` replays
+and reads every extent back.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import errno
 import fcntl
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import crc32c
 
@@ -24,8 +28,8 @@ from .durable import DurableState
 from .errors import UsageError
 from .filemap import Chunk, FileData
 from .journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
-from .layout import (DEFAULT_JOURNAL_HALF, SB_SIZE, FormatError, Superblock,
-                     foreign_signature, make_superblocks, min_device_size)
+from .layout import (ANCHOR_SLOTS, DEFAULT_JOURNAL_HALF, FORMAT_VERSION, SB_SIZE, Anchor, FormatError,
+                     Superblock, foreign_signature, make_superblocks, min_device_size)
 from .namespace import ROOT_INO, Namespace
 
 log = logging.getLogger("ckptfs.pool")
@@ -49,6 +53,17 @@ class Recovered:
     tail: int
     seq: int
     warnings: list[str] = field(default_factory=list)
+    clean: bool = False  # the last unmount was clean (the anchor says so and replay agrees)
+    time_ns: int | None = None  # wall-clock time of the last commit recovered
+    discarded: list[str] = field(default_factory=list)  # torn or damaged frames replay dropped
+    rollback: str | None = None  # set (with force) when the anchors promise more than replay found
+    anchor_gen: int = 0  # the newest anchor's generation (0: none)
+
+    def report(self) -> dict:
+        """What `ckptfs status` shows of it."""
+        return {"clean": self.clean, "seq": self.seq, "time_ns": self.time_ns, "half": self.half,
+                "epoch": self.durable.epoch, "discarded": list(self.discarded),
+                "warnings": list(self.warnings) + ([self.rollback] if self.rollback else [])}
 
 
 def _open_devices(paths: list) -> list[BlockDevice]:
@@ -118,6 +133,8 @@ def format_pool(paths: list, *, chunk_size: int, journal_half: int = DEFAULT_JOU
             buf = aligned_buffer(len(frame))
             buf[:len(frame)] = frame
             d.pwrite(buf, sb.half_offset(0))
+            anchor = Anchor(generation=1, epoch=1, half=0, clean=True, seq=1, time_ns=time.time_ns())
+            _write_block(d, anchor.offset, anchor.encode(sb.pool_id))
             sbuf = aligned_buffer(SB_SIZE)
             sbuf[:SB_SIZE] = sb.encode()
             d.pwrite(sbuf, 0)
@@ -159,6 +176,34 @@ def open_pool(paths: list) -> Pool:
         raise
 
 
+def _write_block(d, offset: int, block: bytes) -> None:
+    buf = aligned_buffer(len(block))
+    buf[:len(block)] = block
+    d.pwrite(buf, offset)
+
+
+def read_anchor(pool: Pool) -> Anchor | None:
+    """The newest valid anchor on any device and slot (None on a version-1 pool, or if all are lost)."""
+    best = None
+    for d, sb in zip(pool.devices, pool.sbs):
+        for off in ANCHOR_SLOTS:
+            a = Anchor.decode(bytes(d.pread(SB_SIZE, off)), sb.pool_id)
+            if a is not None and (best is None or a.generation > best.generation):
+                best = a
+    return best
+
+
+def upgrade_superblocks(devices: list, sbs: list[Superblock]) -> bool:
+    """Rewrite older superblocks as the current version (call once anchors are written: a crash
+    before this leaves a version-1 pool whose anchors version 1 ignores)."""
+    if all(sb.version == FORMAT_VERSION for sb in sbs):
+        return False
+    for d, sb in zip(devices, sbs):
+        _write_block(d, 0, replace(sb, version=FORMAT_VERSION).encode())
+        d.flush()
+    return True
+
+
 def read_halves(pool: Pool) -> list[list[HalfReplay]]:
     """replays[device][half]."""
     out = []
@@ -168,9 +213,11 @@ def read_halves(pool: Pool) -> list[list[HalfReplay]]:
     return out
 
 
-def recover(pool: Pool) -> Recovered:
+def recover(pool: Pool, *, force: bool = False) -> Recovered:
+    """Replay the newest journal. Refuses (UsageError) to roll back past what the anchors
+    promise unless `force`, which recovers what is there and says what was lost in `rollback`."""
     replays = read_halves(pool)
-    best, best_half, warnings = None, 0, []
+    best, best_half, best_dev, warnings = None, 0, 0, []
     for d, halves in enumerate(replays):
         if not any(r.complete for r in halves):
             # never the result of a crash: format and compaction always leave one complete half
@@ -183,10 +230,25 @@ def recover(pool: Pool) -> Recovered:
             if not r.complete:
                 continue
             if best is None or (r.epoch, r.last_seq) > (best.epoch, best.last_seq):
-                best, best_half = r, h
+                best, best_half, best_dev = r, h, d
     if best is None:
         raise UsageError(f"no valid journal on {', '.join(d.path for d in pool.devices)}: "
                          f"the pool is damaged (run 'ckptfs fsck')", 1)
+    anchor = read_anchor(pool)
+    rollback = _rollback(pool, anchor, best)
+    if rollback and not force:
+        raise UsageError(f"{rollback}; refusing to mount an older state silently: run 'ckptfs fsck', "
+                         f"then mount with --force-recover to accept it", 1)
+    if anchor is None and any(sb.version >= 2 for sb in pool.sbs):
+        warnings.append("no valid journal anchor on any device: cannot check that the newest journal "
+                        "half survived, nor whether the last unmount was clean")
+    discarded = []
+    if best.corrupt_at is not None:  # the longest replay stops at damage: what follows is lost everywhere
+        discarded.append(f"valid commits after damage at offset {best.corrupt_at} of journal half {best_half} "
+                         f"on {pool.devices[best_dev].path}")
+    if best.torn_at is not None:
+        discarded.append(f"an incomplete commit (torn by the crash) at offset {best.torn_at} of journal "
+                         f"half {best_half} on {pool.devices[best_dev].path}")
     alloc = Allocator([sb.data_units for sb in pool.sbs])
     durable = DurableState(alloc)
     try:
@@ -194,7 +256,26 @@ def recover(pool: Pool) -> Recovered:
             durable.apply(rec)
     except JournalCorrupt as e:
         raise UsageError(f"journal replay failed: {e}", 1) from None
-    return Recovered(durable, best.records, best_half, best.tail, best.last_seq, warnings)
+    clean = (anchor is not None and anchor.clean and anchor.epoch == best.epoch
+             and anchor.seq == best.last_seq and not discarded)
+    return Recovered(durable, best.records, best_half, best.tail, best.last_seq, warnings, clean=clean,
+                     time_ns=best.time_ns, discarded=discarded, rollback=rollback,
+                     anchor_gen=anchor.generation if anchor is not None else 0)
+
+
+def _rollback(pool: Pool, anchor: Anchor | None, best: HalfReplay) -> str | None:
+    """What recovering `best` would lose that the anchor says was durable, or None."""
+    if anchor is None:
+        return None
+    names = ", ".join(d.path for d in pool.devices)
+    if anchor.epoch > best.epoch:
+        return (f"the current journal half {anchor.half} (epoch {anchor.epoch}) is damaged on every device "
+                f"({names}): only epoch {best.epoch} replays, so every commit since the journal was last "
+                f"compacted would be lost")
+    if anchor.clean and anchor.epoch == best.epoch and anchor.seq > best.last_seq:
+        return (f"the journal was closed cleanly at frame {anchor.seq}, but only frames up to {best.last_seq} "
+                f"replay on any device ({names}): the commits after it would be lost")
+    return None
 
 
 def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
@@ -227,8 +308,10 @@ def fsck(paths: list) -> list[str]:
     problems: list[str] = []
     pool = open_pool(paths)
     try:
-        rec = recover(pool)
+        rec = recover(pool, force=True)
         problems.extend(rec.warnings)
+        if rec.rollback:
+            problems.append(rec.rollback)
         seen: dict[tuple[int, int], tuple[int, int]] = {}
         for ino, idx, ext in rec.durable.extents():
             where = f"inode {ino} chunk {idx} on {pool.devices[ext.dev].path} unit {ext.unit}"

@@ -43,6 +43,14 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       records_pending, records_voided, absorb_bps, drain_bps,
                       eta_seconds, backpressure_waits, backpressure_seconds,
                       drain_latency {count, sum, last}
+    lag               seconds (the oldest journal record still pending has waited this
+                      long; 0 when none), max_lag (the mount's bound), behind (seconds >
+                      max_lag: the devices do not keep up), oldest {path, ino, age}: the
+                      oldest closed or fsynced file whose commit is pending, or None
+    recovery          how this mount started: clean (the last unmount was clean), seq and
+                      time (journal frame and wall-clock time of the state recovered to),
+                      epoch, half, discarded [what replay dropped: a torn tail, damaged
+                      frames], warnings
     all_durable, last_error
 """
 from __future__ import annotations
@@ -246,10 +254,19 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
             "backpressure_seconds": round(monitor.backpressure_seconds, 6),
             "drain_latency": {"count": lat.count, "sum": round(lat.sum, 6), "last": lat.last},
         },
+        "lag": lag_of(store),
+        "recovery": store.recovery,
         "all_durable": not files and not store.pending,
         "last_error": store.last_error,
     }
 
 
-def regular_files(ns) -> int:
-    return sum(1 for i in ns.inodes.values() if i.is_reg and i.nlink > 0)
+def lag_of(store) -> dict:
+    """The durability lag block of the snapshot (see the docstring)."""
+    lag = store.lag()
+    oldest = store.oldest_closed()
+    if oldest is not None:
+        path = paths_of(store.ns, [oldest[0]]).get(oldest[0]) if store.ns is not None else None
+        oldest = {"path": path, "ino": oldest[0], "age": round(oldest[1], 3)}
+    return {"seconds": round(lag, 3), "max_lag": store.max_lag, "behind": lag > store.max_lag,
+            "oldest": oldest}

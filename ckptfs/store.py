@@ -21,6 +21,14 @@ file lost its last name, or that a newer close of the same file supersedes,
 is voided, and the records from it to the one that voided it are written
 as one atomic frame, so no intermediate state can ever be observed.
 
+Bounded lag (`max_lag` seconds): deferring and voiding may delay the journal,
+never starve it. Once the oldest pending record (the head of `pending`) is
+older than `max_lag`, (1) the absorb-first gate opens, so the drain runs even
+while saves stream in, and (2) every record pending at that moment becomes
+unvoidable (`void_floor`): voids can no longer chain atomic groups onto it, nor
+supersede its closes, so that prefix commits within the time it takes to drain
+it. Newer records may still void each other until they, in turn, are overdue.
+
 All bookkeeping runs in the trio thread; only device calls run in worker
 threads (one CapacityLimiter per device, its queue depth).
 """
@@ -49,6 +57,7 @@ log = logging.getLogger("ckptfs.store")
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
 HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
 HOLD_POLL = 0.005
+DEFAULT_MAX_LAG = 2.0  # seconds a closed file's commit may be deferred (docs/SEMANTICS.md)
 
 
 @dataclass
@@ -95,7 +104,8 @@ class DeviceStats:
 class Store:
     def __init__(self, arena: Arena, devices: list[BlockDevice], sbs: list[Superblock],
                  durable: DurableState, *, half: int, tail: int, seq: int, queue_depth: int = 8,
-                 fsync_absorb: bool = False, drain_policy: str = "absorb-first"):
+                 fsync_absorb: bool = False, drain_policy: str = "absorb-first",
+                 max_lag: float = DEFAULT_MAX_LAG, anchor_gen: int = 0, recovery: dict | None = None):
         self.arena = arena
         self.chunk_size = arena.chunk_size
         self.devices = devices
@@ -104,9 +114,12 @@ class Store:
         self.durable = durable
         self.alloc = durable.alloc
         self.half, self.tail, self.seq = half, tail, seq
+        self.anchor_gen = anchor_gen  # the newest journal anchor's generation (committer.write_anchor)
+        self.recovery = recovery or {}  # how this mount started (pool.Recovered.report)
         self.queue_depth = queue_depth
         self.fsync_absorb = fsync_absorb
         self.drain_policy = drain_policy  # "absorb-first" or "eager"
+        self.max_lag = max_lag
         self.ns: Namespace | None = None  # the live namespace, set by attach()
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
@@ -117,6 +130,7 @@ class Store:
         self.next_index = 0
         self.committed = -1  # index of the last record on the devices
         self.in_flight = -1  # records up to here are being written; no longer voidable
+        self.void_floor = -1  # records up to here were overdue (max_lag): no longer voidable
         self.dirty_inodes: set[int] = set()
         self.deferred: dict[int, tuple[int, bytes, tuple]] = {}  # ino -> (parent, name, make record)
         self.unflushed: set[int] = set()  # devices with data written since their last flush
@@ -238,10 +252,11 @@ class Store:
             return
         if self.deferred and self._settle_deferred(op, args):
             return
+        self._freeze_if_overdue()
         p = self._append(Pending(self.next_index, rec=(op, *args)))
         if op in ("unlink", "rename", "rmdir"):
             for q in self.pending:
-                if q.rec is None and not q.void and q.index > self.in_flight:
+                if q.rec is None and self._voidable(q):
                     inode = self.ns.inodes.get(q.ino) if self.ns is not None else None
                     if inode is None or inode.nlink == 0:
                         self._void(q, p.index)
@@ -279,6 +294,28 @@ class Store:
             return None
         return self._append(Pending(self.next_index, rec=entry[2]))
 
+    def lag(self) -> float:
+        """Seconds the oldest record not yet in the journal has waited (0 when none waits)."""
+        return time.monotonic() - self.pending[0].born if self.pending else 0.0
+
+    def oldest_closed(self) -> tuple[int, float] | None:
+        """(inode, seconds waited) of the oldest close or fsync whose commit is still pending."""
+        for p in self.pending:
+            if p.rec is None and not p.void:
+                return p.ino, time.monotonic() - p.born
+        return None
+
+    def overdue(self) -> bool:
+        return bool(self.pending) and self.lag() >= self.max_lag
+
+    def _freeze_if_overdue(self) -> None:
+        """Past max_lag, everything pending now must commit as it is: no more voiding of it."""
+        if self.overdue():
+            self.void_floor = self.next_index - 1
+
+    def _voidable(self, q: Pending) -> bool:
+        return not q.void and q.index > self.in_flight and q.index > self.void_floor
+
     def _void(self, q: Pending, until: int) -> None:
         self.records_voided += 1
         q.void = True
@@ -296,6 +333,7 @@ class Store:
             self._writes_started.set()  # the gatekeeper may hold the drain back
 
     def closed(self, inode: Inode) -> None:
+        self._freeze_if_overdue()
         made = self._flush_deferred(inode.ino)
         if inode.ino not in self.dirty_inodes:
             return
@@ -315,7 +353,7 @@ class Store:
         if made is not None:
             made.group_end = p.index  # the file appears with its contents, never empty
         for q in self.pending:
-            if q is not p and q.rec is None and q.ino == inode.ino and not q.void and q.index > self.in_flight:
+            if q is not p and q.rec is None and q.ino == inode.ino and self._voidable(q):
                 self._void(q, p.index)
 
     def _unpin(self, chunk: Chunk) -> None:
@@ -389,11 +427,13 @@ class Store:
             task_status.started()
 
     def _hold_back(self) -> bool:
-        """Absorb first: hold the drain while writes stream in and nothing presses."""
+        """Absorb first: hold the drain while writes stream in and nothing presses (memory, a
+        waiter, or a commit older than max_lag)."""
         return (self.drain_policy == "absorb-first"
                 and trio.current_time() - self._last_write < HOLD_IDLE
                 and not self._sync_waiters
-                and self.arena.free_slots * 2 > self.arena.nslots)
+                and self.arena.free_slots * 2 > self.arena.nslots
+                and not self.overdue())
 
     async def _gatekeeper(self) -> None:
         """Opens the drain gate when writes pause, memory fills up, or someone waits."""

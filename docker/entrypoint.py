@@ -25,6 +25,7 @@ Environment (used when no arguments are given; CKPTFS_FORMAT and CKPTFS_OWNER al
   CKPTFS_DEVICES     the pool's devices, comma-separated (required)
   CKPTFS_MOUNTPOINT  default /shared/ckpt: a directory under the rshared bind mount
   CKPTFS_MEMORY      memory budget (ckptfs's default: 25% of RAM)
+  CKPTFS_MAX_LAG     seconds a closed checkpoint may wait before it is made durable (default 2)
   CKPTFS_FORMAT      never (default) or if-needed
   CKPTFS_OWNER       UID[:GID] to own the mount's root directory (non-root trainers)
   CKPTFS_ARGS        more `ckptfs mount` options, e.g. "--queue-depth 16 --fsync durable"
@@ -181,6 +182,8 @@ def mount_command(argv: list[str], env: dict) -> tuple[list[str], str, list[str]
         cmd = ["ckptfs", "mount", mp, "--devices", devices]
         if env.get("CKPTFS_MEMORY"):
             cmd += ["--memory", env["CKPTFS_MEMORY"]]
+        if env.get("CKPTFS_MAX_LAG"):
+            cmd += ["--max-lag", env["CKPTFS_MAX_LAG"]]
         try:
             cmd += shlex.split(env.get("CKPTFS_ARGS", ""))
         except ValueError as e:

@@ -23,6 +23,7 @@ from ckptfs.control import ControlServer
 from ckptfs.daemon import MountConfig, build, operations
 from ckptfs.monitor import Monitor
 from ckptfs.namespace import ROOT_INO
+from ckptfs.store import DEFAULT_MAX_LAG
 
 from faulty import FaultyDevice, make_faulty
 
@@ -44,11 +45,11 @@ def make_devices(n: int, size: int = 8 << 20) -> list[FaultyDevice]:
 class Driver:
     def __init__(self, devices: list[FaultyDevice], *, memory: int = 1 << 20, chunk_size: int = 64 << 10,
                  journal_half: int = 256 << 10, fmt: bool = False, queue_depth: int = 2,
-                 control: str | None = None):
+                 control: str | None = None, max_lag: float = DEFAULT_MAX_LAG, force_recover: bool = False):
         self.devices = devices
         cfg = MountConfig(mountpoint="", devices=[d.path for d in devices], memory=memory,
                           chunk_size=chunk_size, capacity=0, format=fmt, journal_half=journal_half,
-                          queue_depth=queue_depth)
+                          queue_depth=queue_depth, max_lag=max_lag, force_recover=force_recover)
         self.fs, self.store = build(cfg, devices)
         self.monitor = Monitor(self.store)
         self.store.on_commit.append(self.monitor.on_commit)
@@ -90,8 +91,9 @@ class Driver:
         return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
     def unmount(self) -> None:
-        """An orderly unmount: commit and drain everything, then stop."""
+        """An orderly unmount: commit and drain everything, mark the journal clean, then stop."""
         self.call(self.store.drain_all)
+        self.call(lambda: self.store.committer.write_anchor(clean=True))
         self.kill()
 
     def kill(self) -> None:

@@ -159,10 +159,16 @@ def test_memory_smaller_than_two_chunks_formats_nothing(setup):
     ("--chunk-size", "1K", ("bad --chunk-size",)),
     ("--chunk-size", "0", ("bad --chunk-size",)),
     ("--queue-depth", "0", ("bad --queue-depth",)),
+    ("--max-lag", "0", ("bad --max-lag", "above 0", "--drain eager")),
+    ("--max-lag", "-1", ("bad --max-lag",)),
+    ("--max-lag", "soon", ("bad --max-lag", "soon")),
+    ("--max-lag", "inf", ("bad --max-lag",)),
 ])
 def test_bad_tunables(setup, option, value, words):
     mnt, devs = setup
-    assert_one_clear_line(mount(mnt, devs, option, value), *words)
+    res = mount(mnt, devs, option, value)
+    assert_one_clear_line(res, *words)
+    assert res.returncode == 2
     assert not is_mounted(mnt)
 
 

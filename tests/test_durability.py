@@ -1,5 +1,6 @@
 """Durability on real mounts: remount, backpressure, ENOSPC, fsync modes, stale data skipped."""
 import errno
+import json
 import os
 import random
 import threading
@@ -127,3 +128,51 @@ def test_sync_command_and_fsck_clean_after_umount(ckpt):
     assert ckpt.umount().returncode == 0
     res = ckptfs("fsck", "--devices", ckpt.device_arg)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _status(m: CkptMount) -> dict:
+    from mounting import ckptfs
+    res = ckptfs("status", str(m.path), "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_unclean_shutdown_is_reported_at_the_next_mount(ckpt):
+    (ckpt.path / "a").write_bytes(b"a" * 100_000)
+    fd = os.open(ckpt.path / "a", os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    ckpt.kill()  # SIGKILL: no clean unmount
+    ckpt.mount()
+    log = ckpt.log_text()
+    assert "recovered.unclean_shutdown" in log and "journal_seq=" in log and "state_time=" in log, log
+    rec = _status(ckpt)["recovery"]
+    assert rec["clean"] is False and rec["seq"] > 0 and rec["time_ns"] > 0
+    assert (ckpt.path / "a").read_bytes() == b"a" * 100_000
+    assert ckpt.umount().returncode == 0
+    ckpt.mount()
+    assert _status(ckpt)["recovery"]["clean"] is True
+    assert ckpt.log_text().count("recovered.unclean_shutdown") == 1
+
+
+def test_mount_refuses_to_roll_back_a_damaged_newest_journal_half(ckpt):
+    from ckptfs.layout import SB_SIZE, Superblock
+    from ckptfs.pool import open_pool, read_anchor
+    from mounting import ckptfs
+    (ckpt.path / "kept").write_bytes(b"k" * 5000)
+    assert ckpt.umount().returncode == 0
+    pool = open_pool([str(d) for d in ckpt.devices])
+    half = read_anchor(pool).half
+    pool.close()
+    for dev in ckpt.devices:  # bit rot in the current half's first frame, on every device
+        with open(dev, "r+b") as f:
+            sb = Superblock.decode(f.read(SB_SIZE))
+            f.seek(sb.half_offset(half) + 40)
+            f.write(b"\xff")
+    with pytest.raises(AssertionError, match="is damaged on every device.*--force-recover"):
+        ckpt.mount()
+    res = ckptfs("fsck", "--devices", ckpt.device_arg)
+    assert res.returncode != 0 and "is damaged on every device" in res.stdout + res.stderr
+    ckpt.mount("--force-recover")  # the operator accepts the older state
+    assert "recovery.rolled_back" in ckpt.log_text()
+    assert _status(ckpt)["recovery"]["warnings"]

@@ -43,6 +43,8 @@ def sample_records(rng: random.Random) -> list[tuple]:
         ("content", 3, 0, 0, 0, []),
         ("content", 3, 2**64 - 1, -1, 2**63 - 1, ext),
         ("content", 4, 12345, 1, 2, [(0, Extent(0, 0, 1, 0)), (2**64 - 1, Extent(65535, 2**64 - 1, 2**32 - 1, 2**32 - 1))]),
+        ("stamp", -(2**63)),
+        ("stamp", 1_700_000_000_123_456_789),
         ("attrs", 1, 0o40755, 0, 0, 1, 2, 3),
         ("begin", 1, 2),
         ("snapend",),
@@ -82,7 +84,9 @@ def test_frame_round_trip_and_alignment():
     f = encode_frame(POOL, 5, 3, recs)
     assert len(f) % BLOCK == 0
     r = replay_half(POOL, f)
-    assert r.records == recs and (r.epoch, r.first_seq, r.last_seq, r.frames) == (3, 5, 5, 1)
+    # stamps are not returned: the last one is the time of the state replayed
+    assert r.records == [x for x in recs if x[0] != "stamp"] and r.time_ns == 1_700_000_000_123_456_789
+    assert (r.epoch, r.first_seq, r.last_seq, r.frames) == (3, 5, 5, 1)
     assert r.complete and r.tail == len(f) and r.corrupt_at is None
 
 
@@ -115,7 +119,7 @@ class Log:
         self.buf = b"".join(self.frames)
 
     def records_of(self, nframes: int) -> list[tuple]:
-        return [r for g in self.groups[:nframes] for r in g]
+        return [r for g in self.groups[:nframes] for r in g if r[0] != "stamp"]
 
     def frames_within(self, n: int) -> int:
         """How many leading frames are intact in buf[:n] padded with zeros.

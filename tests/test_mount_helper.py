@@ -64,10 +64,10 @@ def one_line(res: subprocess.CompletedProcess) -> str:
 # ---- the option parser -------------------------------------------------------------
 
 def test_parses_fstab_style_options():
-    opts = H.parse_options("rw,defaults,memory=32G,queue-depth=16,fsync=absorb,format=if-needed,"
+    opts = H.parse_options("rw,defaults,memory=32G,queue-depth=16,max_lag=0.5,fsync=absorb,format=if-needed,"
                            "chunk_size=4M,log_level=debug,log_file=/var/log/x.log,nofail,_netdev,noatime,"
                            "x-systemd.device-timeout=30,comment=hi,uhelper=ckptfs,foreground")
-    assert opts == {"memory": "32G", "queue_depth": 16, "fsync": "absorb", "format": "if-needed",
+    assert opts == {"memory": "32G", "queue_depth": 16, "max_lag": "0.5", "fsync": "absorb", "format": "if-needed",
                     "chunk_size": "4M", "log_level": "debug", "log_file": "/var/log/x.log", "foreground": True}
     assert H.parse_options("") == {}
     assert H.parse_options("memory=25%")["memory"] == "25%"
@@ -82,6 +82,9 @@ def test_parses_fstab_style_options():
     ("fsync=never", ["fsync=never", "durable or absorb"]),
     ("queue_depth=0", ["queue_depth=0", "at least 1"]),
     ("queue_depth=x", ["queue_depth=x"]),
+    ("max_lag=0", ["max_lag=0", "above 0"]),
+    ("max_lag=-1", ["max_lag=-1"]),
+    ("max_lag=soon", ["max_lag=soon"]),
     ("format=yes", ["format=yes", "never or if-needed", "--force"]),
     ("format=always", ["format=always"]),
     ("log_level=loud", ["log_level=loud"]),
@@ -126,11 +129,12 @@ def test_parses_argv_as_mount_passes_it():
 
 
 def test_translates_to_the_ckptfs_command_line():
-    args = H.parse_argv(["/dev/a,/dev/b", "/ckpt", "-o", "memory=8G,fsync=absorb,queue_depth=4,foreground"])
+    args = H.parse_argv(["/dev/a,/dev/b", "/ckpt", "-o", "memory=8G,fsync=absorb,queue_depth=4,max_lag=1.5,"
+                                                          "foreground"])
     fmt, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert fmt is None
     assert cmd == ["/x/ckptfs", "mount", "/ckpt", "--devices", "/dev/a,/dev/b", "--memory", "8G",
-                   "--fsync", "absorb", "--queue-depth", "4", "--foreground"]
+                   "--fsync", "absorb", "--queue-depth", "4", "--max-lag", "1.5", "--foreground"]
 
 
 def test_fake_mount_validates_and_says_what_it_would_run(tmp_path):

@@ -2,15 +2,19 @@
 
 Recovery reads every device's journal mirror: the newest complete half with
 the longest run of frames wins, and any damage (a frame broken in the middle,
-a mirror with no valid half) is reported rather than silently skipped.
+a mirror with no valid half) is reported rather than silently skipped. The
+journal anchors make the loss of the newest half (or of a cleanly closed
+tail) on every mirror a refusal rather than a silent roll-back.
 """
+from dataclasses import replace
+
 import pytest
 
 from ckptfs.errors import UsageError
 from ckptfs.journal import Extent, encode_frame
-from ckptfs.layout import SB_SIZE, Superblock
+from ckptfs.layout import ANCHOR_SLOTS, FORMAT_VERSION, SB_SIZE, Anchor, Superblock
 from ckptfs.namespace import ROOT_INO
-from ckptfs.pool import format_pool, fsck, open_pool, recover
+from ckptfs.pool import format_pool, fsck, open_pool, recover, upgrade_superblocks
 from faulty import make_faulty
 from mounting import ckptfs
 
@@ -185,15 +189,109 @@ def test_an_open_pool_locks_its_devices_against_other_processes(tmp_path):
     assert fsck(paths) == []
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: damage to the first frame of the newest half on every "
-                   "mirror falls back to the older half silently (see report; needs a format decision)")
-def test_damage_to_the_newest_halfs_first_frame_is_reported():
-    devs = fresh(1)
+def write_anchor(devs, **kw) -> Anchor:
+    """Write a journal anchor on every device, as compaction or a clean unmount does."""
     sb = sb_of(devs[0])
-    newer = [encode_frame(sb.pool_id, 2, 2, [("begin", 2, 9), ("snapend",)]),
-             encode_frame(sb.pool_id, 3, 2, [("make", ROOT_INO, b"f", REG, 0, 0, 0, b"", 5, 1)])]
-    write(devs[0], sb.half_offset(1), b"".join(newer))
-    assert b"f" in recover(open_pool(devs)).durable.ns.get(ROOT_INO).dir.entries
-    write(devs[0], sb.half_offset(1) + 40, b"\xff")  # bit rot in the begin frame
+    a = Anchor(**{"time_ns": 1, "clean": False, **kw})
+    for d in devs:
+        write(d, a.offset, a.encode(sb.pool_id))
+    return a
+
+
+def compact_into_half_1(devs) -> None:
+    """What compaction does: a newer half (epoch 2) holding 'f', then its anchor."""
+    sb = sb_of(devs[0])
+    newer = [encode_frame(sb.pool_id, 2, 2, [("begin", 2, 9), ("stamp", 123), ("snapend",)]),
+             encode_frame(sb.pool_id, 3, 2, [("stamp", 456), ("make", ROOT_INO, b"f", REG, 0, 0, 0, b"", 5, 1)])]
+    for d in devs:
+        write(d, sb.half_offset(1), b"".join(newer))
+    write_anchor(devs, generation=2, epoch=2, half=1, seq=2)
+
+
+def test_damage_to_the_newest_halfs_first_frame_is_reported():
+    devs = fresh(2)
+    compact_into_half_1(devs)
     rec = recover(open_pool(devs))
-    assert rec.warnings, "the commit of 'f' was lost without a word"
+    assert b"f" in rec.durable.ns.get(ROOT_INO).dir.entries and rec.time_ns == 456 and not rec.clean
+    sb = sb_of(devs[0])
+    for d in devs:
+        write(d, sb.half_offset(1) + 40, b"\xff")  # bit rot in the begin frame, on every mirror
+    with pytest.raises(UsageError, match=r"journal half 1 \(epoch 2\) is damaged on every device.*--force-recover"):
+        recover(open_pool(devs))  # the commit of 'f' is never lost without a word
+    rec = recover(open_pool(devs), force=True)  # the operator's choice: the older state
+    assert b"f" not in rec.durable.ns.get(ROOT_INO).dir.entries and rec.durable.epoch == 1
+    assert "epoch 2" in rec.rollback and "epoch 2" in rec.report()["warnings"][-1]
+    assert any("journal half 1 (epoch 2) is damaged" in p for p in fsck(devs))
+
+
+def test_damage_on_one_mirror_only_needs_no_force():
+    devs = fresh(2)
+    compact_into_half_1(devs)
+    write(devs[0], sb_of(devs[0]).half_offset(1) + 40, b"\xff")
+    rec = recover(open_pool(devs))
+    assert b"f" in rec.durable.ns.get(ROOT_INO).dir.entries and rec.rollback is None
+
+
+def test_a_fresh_pool_is_clean_and_commits_make_it_unclean():
+    devs = fresh(2)
+    rec = recover(open_pool(devs))
+    assert rec.clean and rec.discarded == [] and rec.anchor_gen == 1
+    append_commits(devs, [[("stamp", 77), ("make", ROOT_INO, b"a", REG, 0, 0, 0, b"", 2, 1)]])
+    rec = recover(open_pool(devs))  # frames after the clean anchor: a daemon died without unmounting
+    assert not rec.clean and rec.seq == 2 and rec.time_ns == 77
+    write_anchor(devs, generation=2, epoch=1, half=0, seq=2, clean=True)  # a clean unmount
+    assert recover(open_pool(devs)).clean
+
+
+def test_a_torn_commit_is_reported_as_discarded():
+    devs = fresh(2)
+    offs = append_commits(devs, [[("make", ROOT_INO, b"a", REG, 0, 0, 0, b"", 2, 1)],
+                                 [("make", ROOT_INO, b"b", REG, 0, 0, 0, b"", 3, 1)]])
+    sb = sb_of(devs[0])
+    for d in devs:
+        write(d, sb.half_offset(0) + offs[1] + 40, b"\xee")  # the last frame was being written
+    rec = recover(open_pool(devs))
+    assert rec.seq == 2 and not rec.clean
+    assert len(rec.discarded) == 1 and "torn" in rec.discarded[0] and str(offs[1]) in rec.discarded[0]
+    assert rec.report()["discarded"] == rec.discarded
+
+
+def test_a_lost_tail_after_a_clean_unmount_is_refused():
+    devs = fresh(2)
+    append_commits(devs, [[("make", ROOT_INO, b"a", REG, 0, 0, 0, b"", 2, 1)]])
+    write_anchor(devs, generation=2, epoch=1, half=0, seq=3, clean=True)  # closed after frame 3
+    with pytest.raises(UsageError, match="closed cleanly at frame 3, but only frames up to 2"):
+        recover(open_pool(devs))
+
+
+def test_the_newest_anchor_wins_and_a_torn_one_falls_back_to_the_other_slot():
+    devs = fresh(2)
+    compact_into_half_1(devs)  # generation 2, slot 0
+    assert recover(open_pool(devs)).anchor_gen == 2
+    for d in devs:
+        write(d, ANCHOR_SLOTS[0] + 20, b"\x99")  # torn on every device
+    rec = recover(open_pool(devs))  # generation 1 (format's) remains: epoch 2 replays, newer than it
+    assert rec.anchor_gen == 1 and rec.durable.epoch == 2 and rec.warnings == []
+
+
+def test_a_version_1_pool_is_read_and_upgraded():
+    devs = fresh(2)
+    for d in devs:
+        sb = sb_of(d)
+        write(d, 0, replace(sb, version=1).encode())
+        for off in ANCHOR_SLOTS:
+            write(d, off, bytes(SB_SIZE))  # version 1 had no anchors
+    pool = open_pool(devs)
+    assert {sb.version for sb in pool.sbs} == {1}
+    rec = recover(pool)
+    assert rec.warnings == [] and rec.anchor_gen == 0 and not rec.clean
+    assert upgrade_superblocks(pool.devices, pool.sbs)
+    assert {sb_of(d).version for d in devs} == {FORMAT_VERSION}
+    assert not upgrade_superblocks(pool.devices, [sb_of(d) for d in devs])
+
+
+def test_an_unknown_version_is_refused():
+    devs = fresh(1)
+    write(devs[0], 0, replace(sb_of(devs[0]), version=99).encode())
+    with pytest.raises(UsageError, match="unsupported ckptfs format version 99"):
+        open_pool(devs)
