@@ -163,7 +163,7 @@ xattr of the mount's root).
   round trip, so the writer waits while the daemon's one Python thread works.
 - **Cold read** (1 GiB in 3.4 s under the profiler): the daemon used 1.17 CPU
   seconds. Its trio thread: 28% pyfuse3 (the reply), 17% verifying the crc32c
-  of each fetched chunk (`Drainer._fetch_one`, ckptfs/drain.py) on the event-loop
+  of each fetched chunk (`Drainer._fetch_one`, ckptfs/store/drain.py) on the event-loop
   thread itself; the write path computes its crc32c in the worker thread.
   Worker threads spent half their samples in `EntryQueue.run_sync_soon`
   (handing each finished read back to the event loop, waiting for the GIL)

@@ -64,7 +64,7 @@ class Saver:
         self.ages: list[float] = []  # sampled before each save: age of the newest durable checkpoint
         self.control = None
         if kind == "ckptfs":
-            from ckptfs.control import Client, control_path
+            from ckptfs.ops.control import Client, control_path
             self.control = Client(control_path(str(self.dir)))
 
     def sample_durable_age(self) -> None:

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import time
 
-from .arena import DEFAULT_CHUNK
+from .fs.arena import DEFAULT_CHUNK
 from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
 from .errors import UsageError
 from .sizes import parse_size
-from .store import DEFAULT_MAX_LAG
+from .store.store import DEFAULT_MAX_LAG
 
 DEFAULT_MEMORY = "25%"
 
@@ -53,7 +53,7 @@ def _mount(args) -> int:
     from .daemon import MountConfig, serve
 
     memory = parse_size(args.memory, what="--memory")
-    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    chunk = _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
     check_memory(memory)
     mp = check_mountpoint(args.mountpoint)
     if not args.foreground:
@@ -63,24 +63,23 @@ def _mount(args) -> int:
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
     max_lag = _max_lag(args.max_lag)
-    from .pool import open_pool
-    if args.format and memory < 2 * _chunk_size(args):
+    from .store.pool import open_pool
+    if args.format and memory < 2 * chunk:
         raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
                          f"the memory must hold at least 2 chunks")
     if args.format:
         # here, not in the daemon: a refusal (another filesystem, too small) reaches the
         # terminal, and --force can override it as for `ckptfs format`
-        from .layout import DEFAULT_JOURNAL_HALF
-        _format_devices(devices, _chunk_size(args), DEFAULT_JOURNAL_HALF, args.force)
+        from .format.layout import DEFAULT_JOURNAL_HALF
+        _format_devices(devices, chunk, DEFAULT_JOURNAL_HALF, args.force)
     open_pool([d.path for d in devices]).close()  # refuse a bad pool here, with its message
-    cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory,
-                      chunk_size=chunk, capacity=sum(d.size for d in devices),
+    cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory, chunk_size=chunk,
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
                       max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
                       metrics_addr=args.metrics_addr)
     if args.foreground:
-        from .logs import setup
+        from .ops.logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
         to_file = args.log_file if args.log_file and args.ready_fd is None else None
         setup(args.log_level, filename=to_file, json_lines=args.log_format == "json")
@@ -119,7 +118,7 @@ def _spawn_daemon(args, mp: str) -> int:
 
 
 def _format(args) -> int:
-    from .layout import DEFAULT_JOURNAL_HALF
+    from .format.layout import DEFAULT_JOURNAL_HALF
 
     chunk = _chunk_size(args)
     half = parse_size(args.journal_size, what="--journal-size") // 2 if args.journal_size else DEFAULT_JOURNAL_HALF
@@ -136,6 +135,7 @@ def _format(args) -> int:
 
 
 def _chunk_size(args) -> int:
+    """--chunk-size, parsed once; a stripe unit must be a power of two of at least 4K."""
     chunk = parse_size(args.chunk_size, what="--chunk-size")
     if chunk < 4096 or chunk & (chunk - 1):
         raise UsageError(f"bad --chunk-size {args.chunk_size}: must be a power of two of at least 4K")
@@ -144,7 +144,7 @@ def _chunk_size(args) -> int:
 
 def _format_devices(devices, chunk: int, half: int, force: bool):
     """Format checked devices (refusing mounted ones); their superblocks."""
-    from .pool import format_pool
+    from .store.pool import format_pool
 
     for d in devices:
         if os.path.realpath(d.path) in _mounted_sources():
@@ -161,7 +161,7 @@ def _mounted_sources() -> set[str]:
 
 
 def _fsck(args) -> int:
-    from .pool import fsck
+    from .store.pool import fsck
 
     devices = check_devices(args.devices)
     problems = fsck([d.path for d in devices])
@@ -214,7 +214,7 @@ def _umount(args) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     if not stale:
         # drain while still mounted (with progress on a terminal), so a device error is reported here
-        from .console import drain_for_umount
+        from .ops.console import drain_for_umount
         if not drain_for_umount(mp, args.timeout):
             _sync(args)
     cmd = ["fusermount3", "-u"] + (["-z"] if stale else []) + [mp]
@@ -255,12 +255,12 @@ def _alive(pid: int) -> bool:
 
 
 def _status(args) -> int:
-    from .console import status
+    from .ops.console import status
     return status(args)
 
 
 def _wait(args) -> int:
-    from .console import wait
+    from .ops.console import wait
     return wait(args)
 
 

@@ -1,6 +1,7 @@
 """The mount daemon: open the pool, recover, serve until unmounted, drain, exit.
 
-`serve(config)` runs in the foreground:
+`assemble(config)` builds a mount's parts (the in-process test driver uses it
+too); `serve(config)` runs the daemon in the foreground:
 
 1. open the devices and check they form one pool (or format them first with
    --format), replay the journal, and rebuild the namespace;
@@ -22,16 +23,17 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from .arena import Arena
-from .control import XATTR as CONTROL_XATTR, ControlServer, socket_path
-from .core import Filesystem
 from .errors import UsageError
-from .fuse_ops import Operations
-from .layout import DEFAULT_JOURNAL_HALF
-from .monitor import Monitor
-from .namespace import ROOT_INO
-from .pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
-from .store import DEFAULT_MAX_LAG, Store
+from .format.layout import DEFAULT_JOURNAL_HALF
+from .fs.arena import Arena
+from .fs.core import Filesystem
+from .fs.facade import AsyncFilesystem, Backend
+from .fs.namespace import ROOT_INO
+from .fuse.pyfuse3_ops import Operations
+from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
+from .ops.monitor import Monitor
+from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
+from .store.store import DEFAULT_MAX_LAG, Store
 
 log = logging.getLogger("ckptfs.daemon")
 READAHEAD_KIB = 4096
@@ -43,7 +45,6 @@ class MountConfig:
     devices: list[str]
     memory: int
     chunk_size: int
-    capacity: int
     ready_fd: int | None = None
     format: bool = False
     queue_depth: int = 8
@@ -92,10 +93,24 @@ def _mount_options() -> set[str]:
     return opts
 
 
-def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, Store]:
-    """Open (formatting if asked) and recover the pool; the core and store, ready to serve.
+@dataclass
+class Mount:
+    """A mount's parts, wired: the core over the durable store, the monitor, the async facade."""
+    fs: Filesystem
+    store: Store
+    monitor: Monitor
+    afs: AsyncFilesystem
 
-    `devices` may hold device objects instead of paths (tests pass fault-injecting ones).
+    def operations(self) -> Operations:
+        """The pyfuse3 front end over the facade."""
+        return Operations(self.afs)
+
+
+def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict | None = None) -> Mount:
+    """Open (formatting if asked) and recover the pool; build the parts of a mount, ready to serve.
+
+    `devices` may hold device objects instead of paths (tests pass fault-injecting ones);
+    `extra_xattrs` adds virtual xattrs (name -> callback(ino) -> bytes | None).
     """
     devices = devices or cfg.devices
     if cfg.format:
@@ -117,7 +132,20 @@ def build(cfg: MountConfig, devices: list | None = None) -> tuple[Filesystem, St
     ns = live_namespace(rec.records, rec.durable.alloc, store)
     fs = Filesystem(arena, capacity_bytes=store.capacity_bytes(), owner=store, durability=store, ns=ns)
     store.attach(fs.ns)
-    return fs, store
+    monitor = Monitor(store)
+    store.on_commit.append(monitor.on_commit)
+
+    def state(ino: int) -> bytes | None:
+        inode = fs.ns.inodes.get(ino)
+        if inode is None or not (inode.is_reg or inode.is_dir):
+            return None  # the kernel keeps user.* xattrs to files and folders
+        return store.state(ino).encode()
+
+    xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
+              b"user.ckptfs.state": state, **(extra_xattrs or {})}
+    backend = Backend(fetch=store.fetch, room=monitor.room, sync=store.sync, absorbed=store.absorbed,
+                      virtual_xattrs=xattrs)
+    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend))
 
 
 def _log_recovery(rec) -> None:
@@ -133,30 +161,8 @@ def _log_recovery(rec) -> None:
         "discarded": "; ".join(rec.discarded) or "nothing"}})
 
 
-def operations(fs: Filesystem, store: Store, monitor: Monitor,
-               extra_xattrs: dict | None = None) -> Operations:
-    """The FUSE adapter over the store, with its hooks: backpressure (counted by the monitor),
-    fetches, fsync, the absorbed-bytes counter and the virtual xattrs."""
-    async def room(_fs, _fh, devices_full=False) -> bool:
-        return await monitor.room(devices_full)
-
-    def absorbed(n: int) -> None:
-        store.bytes_absorbed += n
-
-    def state(ino: int) -> bytes | None:
-        inode = fs.ns.inodes.get(ino)
-        if inode is None or not (inode.is_reg or inode.is_dir):
-            return None  # the kernel keeps user.* xattrs to files and folders
-        return store.state(ino).encode()
-
-    xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
-              b"user.ckptfs.state": state, **(extra_xattrs or {})}
-    return Operations(fs, wait_for_room=room, fetch=store.fetch, on_fsync=store.sync,
-                      virtual_xattrs=xattrs, on_write=absorbed)
-
-
 def _start_metrics(cfg: MountConfig):
-    from .metrics import MetricsServer
+    from .ops.metrics import MetricsServer
 
     server = MetricsServer(cfg.metrics_addr, cfg.metrics_port)
     try:
@@ -169,8 +175,11 @@ def _start_metrics(cfg: MountConfig):
 
 
 def serve(cfg: MountConfig) -> int:
+    """Run the daemon in the foreground until unmounted; the exit status."""
+    path = socket_path(cfg.mountpoint)
     try:
-        fs, store = build(cfg)
+        mount = assemble(cfg, extra_xattrs={
+            CONTROL_XATTR.encode(): lambda ino: path.encode() if ino == ROOT_INO else None})
     except UsageError as e:
         _tell_parent(cfg.ready_fd, str(e))
         raise
@@ -178,13 +187,8 @@ def serve(cfg: MountConfig) -> int:
         log.exception("cannot start")
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
-
-    monitor = Monitor(store)
-    store.on_commit.append(monitor.on_commit)
-    control = ControlServer(socket_path(cfg.mountpoint), store, monitor,
+    control = ControlServer(path, mount.store, mount.monitor,
                             info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None})
-    ops = operations(fs, store, monitor, {
-        CONTROL_XATTR.encode(): lambda ino: control.path.encode() if ino == ROOT_INO else None})
     metrics = None
     if cfg.metrics_port is not None:
         try:
@@ -192,72 +196,83 @@ def serve(cfg: MountConfig) -> int:
         except UsageError as e:
             log.error("metrics.failed", extra={"fields": {"error": str(e)}})
             _tell_parent(cfg.ready_fd, str(e))
-            store.close()
+            mount.store.close()
             return 1
         control.info["metrics_url"] = metrics.url
-    stopped_by_signal = False
-    mounted = False
-
-    async def main() -> None:
-        nonlocal mounted
-        await store.compact()  # also writes a fresh (not clean) journal anchor
-        if upgrade_superblocks(store.devices, store.sbs):
-            log.info("format.upgraded", extra={"fields": {"from_version": store.sb.version}})
-        await control.bind()
-        if metrics is not None:
-            from .metrics import read_metrics
-            token = trio.lowlevel.current_trio_token()
-            metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
-        pyfuse3.init(ops, cfg.mountpoint, _mount_options())
-        mounted = True
-        log.info("mounted", extra={"fields": {
-            "mountpoint": cfg.mountpoint, "memory": fs.arena.capacity, "chunks": fs.arena.nslots,
-            "chunk_size": fs.arena.chunk_size, "devices": ",".join(cfg.devices), "control": control.path,
-            "metrics": control.info["metrics_url"]}})
-        _tell_parent(cfg.ready_fd, "OK")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(store.run)
-            nursery.start_soon(_tune_readahead_when_live, cfg.mountpoint)
-            nursery.start_soon(monitor.run)
-            await nursery.start(control.serve)
-
-            async def watch_signals() -> None:
-                nonlocal stopped_by_signal
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        log.info("signal", extra={"fields": {"signal": signal.Signals(signum).name,
-                                                             "action": "unmount and drain"}})
-                        res = await trio.run_process(["fusermount3", "-u", "-z", cfg.mountpoint],
-                                                     check=False, capture_stderr=True)
-                        if res.returncode != 0:
-                            stopped_by_signal = True
-                            pyfuse3.terminate()
-                        return
-
-            nursery.start_soon(watch_signals)
-            await pyfuse3.main()
-            log.info("unmounting", extra={"fields": {"pending_records": len(store.pending),
-                                                     "bytes_to_drain": store.undrained_bytes()}})
-            with trio.CancelScope(shield=True):
-                await store.drain_all()
-                await store.committer.write_anchor(clean=True)
-            nursery.cancel_scope.cancel()
-
+    daemon = _Daemon(cfg, mount, control, metrics)
     try:
-        trio.run(main)
+        trio.run(daemon.main)
     except Exception as e:
-        if not mounted:
+        if not daemon.mounted:
             log.exception("cannot mount")
             _tell_parent(cfg.ready_fd, f"cannot mount {cfg.mountpoint}: {e}")
             return 1
         raise
     finally:
-        if mounted:
-            pyfuse3.close(unmount=stopped_by_signal)
+        if daemon.mounted:
+            pyfuse3.close(unmount=daemon.stopped_by_signal)
         control.close()
         if metrics is not None:
             metrics.stop()
-        store.close()
+        mount.store.close()
     log.info("unmounted", extra={"fields": {"mountpoint": cfg.mountpoint, "durable": True,
-                                            "bytes_drained": store.bytes_drained}})
+                                            "bytes_drained": mount.store.bytes_drained}})
     return 0
+
+
+class _Daemon:
+    """The daemon's life in the trio loop: prepare, mount, serve with the store's tasks, drain."""
+
+    def __init__(self, cfg: MountConfig, mount: Mount, control: ControlServer, metrics):
+        self.cfg = cfg
+        self.mount = mount
+        self.control = control
+        self.metrics = metrics
+        self.mounted = False
+        self.stopped_by_signal = False  # unmount ourselves at close (fusermount3 -u failed)
+
+    async def main(self) -> None:
+        cfg, store, monitor = self.cfg, self.mount.store, self.mount.monitor
+        await store.compact()  # all mirrors agree again; also writes a fresh (not clean) anchor
+        if upgrade_superblocks(store.devices, store.sbs):
+            log.info("format.upgraded", extra={"fields": {"from_version": store.sbs[0].version}})
+        await self.control.bind()
+        if self.metrics is not None:
+            from .ops.metrics import read_metrics
+            token = trio.lowlevel.current_trio_token()
+            self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
+        pyfuse3.init(self.mount.operations(), cfg.mountpoint, _mount_options())
+        self.mounted = True
+        arena = self.mount.fs.arena
+        log.info("mounted", extra={"fields": {
+            "mountpoint": cfg.mountpoint, "memory": arena.capacity, "chunks": arena.nslots,
+            "chunk_size": arena.chunk_size, "devices": ",".join(cfg.devices), "control": self.control.path,
+            "metrics": self.control.info["metrics_url"]}})
+        _tell_parent(cfg.ready_fd, "OK")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            nursery.start_soon(_tune_readahead_when_live, cfg.mountpoint)
+            nursery.start_soon(monitor.run)
+            await nursery.start(self.control.serve)
+            nursery.start_soon(self._watch_signals)
+            await pyfuse3.main()
+            stats = store.statistics()
+            log.info("unmounting", extra={"fields": {"pending_records": stats.records_pending,
+                                                     "bytes_to_drain": store.undrained_bytes()}})
+            with trio.CancelScope(shield=True):
+                await store.drain_all()
+                await store.close_clean()
+            nursery.cancel_scope.cancel()
+
+    async def _watch_signals(self) -> None:
+        """SIGTERM/SIGINT: unmount (lazily) so pyfuse3.main returns and the drain runs."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal", extra={"fields": {"signal": signal.Signals(signum).name,
+                                                     "action": "unmount and drain"}})
+                res = await trio.run_process(["fusermount3", "-u", "-z", self.cfg.mountpoint],
+                                             check=False, capture_stderr=True)
+                if res.returncode != 0:
+                    self.stopped_by_signal = True
+                    pyfuse3.terminate()
+                return

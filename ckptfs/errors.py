@@ -1,10 +1,14 @@
-"""Every errno decision of ckptfs lives here.
+"""The errors of ckptfs, and which errno each one reports.
 
-The core raises `FsError` subclasses carrying an errno; the FUSE adapter maps
-them to `pyfuse3.FUSEError` in one place (`errno_of`). Anything else that
-escapes the core is a bug: it is logged with its traceback and becomes EIO,
-never a torn-down mount. `UsageError` is for the CLI: one clear line on stderr
-and a non-zero exit.
+Every failure that reaches a FUSE request is an `FsError` carrying an errno:
+the kinds ckptfs itself decides (memory full, devices full, a failing device,
+a checksum mismatch, data not in memory, its own read-only attributes) are
+the classes below, each with its errno; the POSIX preconditions of the
+namespace and core (ENOENT, EEXIST, ENOTEMPTY...) name theirs with `fs_error`
+where the check is, as the man pages do. A front end maps an exception to an
+errno in one place (`errno_of`). Anything else that escapes is a bug: it is
+logged with its traceback and becomes EIO, never a torn-down mount.
+`UsageError` is for the CLI: one clear line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 
@@ -56,6 +60,34 @@ class ShortIO(DeviceError):
 
 class ChecksumMismatch(DeviceError):
     """Data read back from a device does not match its recorded crc32c."""
+
+
+def device_error(message: str, os_errno: int | None) -> DeviceError:
+    """A failed device I/O: ENOSPC stays ENOSPC (a full file under a file-backed device), anything
+    else is EIO."""
+    return DeviceError(message, _errno.ENOSPC if os_errno == _errno.ENOSPC else _errno.EIO)
+
+
+class NotInMemory(FsError):
+    """Data that is only on a device, with no device store to fetch it from (memory-only mounts)."""
+
+    errno = _errno.EIO
+
+
+class NoAttribute(FsError):
+    """No such extended attribute."""
+
+    errno = _errno.ENODATA
+
+
+class ReadOnlyAttribute(FsError):
+    """ckptfs's own (virtual) attributes cannot be set or removed."""
+
+    errno = _errno.EPERM
+
+
+class StoreFailing(DeviceError):
+    """The store cannot make progress (a drain or journal write keeps failing); says why."""
 
 
 class UsageError(Exception):

@@ -1,6 +1,6 @@
 """Run the whole filesystem (FUSE adapter, core, store) in-process on fake devices.
 
-`Driver` builds ckptfs exactly as the daemon does, but over `FaultyDevice`s and
+`Driver` builds ckptfs exactly as the daemon does (`daemon.assemble`), but over `FaultyDevice`s and
 without a kernel mount: a trio loop runs in a background thread (the store's
 drain and journal tasks run there), and tests call the `Operations` handlers
 through `trio.from_thread.run`. `kill()` stops the loop where it is, like
@@ -19,11 +19,10 @@ import threading
 import pyfuse3
 import trio
 
-from ckptfs.control import ControlServer
-from ckptfs.daemon import MountConfig, build, operations
-from ckptfs.monitor import Monitor
-from ckptfs.namespace import ROOT_INO
-from ckptfs.store import DEFAULT_MAX_LAG
+from ckptfs.ops.control import ControlServer
+from ckptfs.daemon import MountConfig, assemble
+from ckptfs.fs.namespace import ROOT_INO
+from ckptfs.store.store import DEFAULT_MAX_LAG
 
 from faulty import FaultyDevice, make_faulty
 
@@ -48,12 +47,11 @@ class Driver:
                  control: str | None = None, max_lag: float = DEFAULT_MAX_LAG, force_recover: bool = False):
         self.devices = devices
         cfg = MountConfig(mountpoint="", devices=[d.path for d in devices], memory=memory,
-                          chunk_size=chunk_size, capacity=0, format=fmt, journal_half=journal_half,
+                          chunk_size=chunk_size, format=fmt, journal_half=journal_half,
                           queue_depth=queue_depth, max_lag=max_lag, force_recover=force_recover)
-        self.fs, self.store = build(cfg, devices)
-        self.monitor = Monitor(self.store)
-        self.store.on_commit.append(self.monitor.on_commit)
-        self.ops = operations(self.fs, self.store, self.monitor)
+        mount = assemble(cfg, devices)  # the daemon's own wiring
+        self.fs, self.store, self.monitor = mount.fs, mount.store, mount.monitor
+        self.ops = mount.operations()
         # a control server on the socket path `control`, as the daemon runs one
         self.control = ControlServer(control, self.store, self.monitor) if control else None
         self._ready = threading.Event()
@@ -93,7 +91,7 @@ class Driver:
     def unmount(self) -> None:
         """An orderly unmount: commit and drain everything, mark the journal clean, then stop."""
         self.call(self.store.drain_all)
-        self.call(lambda: self.store.committer.write_anchor(clean=True))
+        self.call(self.store.close_clean)
         self.kill()
 
     def kill(self) -> None:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ckptfs.allocator import Allocator
+from ckptfs.store.allocator import Allocator
 from ckptfs.errors import NoSpace
 
 

@@ -13,11 +13,11 @@ import stat
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ckptfs.arena import Arena
-from ckptfs.core import Filesystem
+from ckptfs.fs.arena import Arena
+from ckptfs.fs.core import Filesystem
 from ckptfs.errors import FsError, NoSpace, UsageError
-from ckptfs.filemap import FileData
-from ckptfs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, Namespace
+from ckptfs.fs.filemap import FileData
+from ckptfs.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, Namespace
 
 CS = 4096
 REG = stat.S_IFREG | 0o644
@@ -375,7 +375,7 @@ def test_namespace_unlinked_open_inode_lives_until_release_and_forget(ns):
 
 def test_namespace_make_with_explicit_inode_and_observer():
     seen = []
-    ns = Namespace(observer=lambda op, *args: seen.append(op))
+    ns = Namespace(observer=lambda rec: seen.append(rec.op))
     ns.make(ROOT_INO, b"x", REG, 0, 0, ino=100)
     f = ns.make(ROOT_INO, b"y", REG, 0, 0)
     assert f.ino == 101

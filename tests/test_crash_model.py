@@ -6,7 +6,7 @@ devices. The model records the namespace as it stood after every operation
 (a file's contents as of its last close). A crash rule cuts power at a
 random point (some unflushed writes survive, in random order), remounts,
 and checks the recovered tree is one of the recorded states no earlier than
-the last fsync: promise 5 of design.md. A clean remount must show exactly
+the last fsync: promise 5 in docs/SEMANTICS.md. A clean remount must show exactly
 the latest state.
 """
 import random

@@ -156,8 +156,8 @@ def test_unclean_shutdown_is_reported_at_the_next_mount(ckpt):
 
 
 def test_mount_refuses_to_roll_back_a_damaged_newest_journal_half(ckpt):
-    from ckptfs.layout import SB_SIZE, Superblock
-    from ckptfs.pool import open_pool, read_anchor
+    from ckptfs.format.layout import SB_SIZE, Superblock
+    from ckptfs.store.pool import open_pool, read_anchor
     from mounting import ckptfs
     (ckpt.path / "kept").write_bytes(b"k" * 5000)
     assert ckpt.umount().returncode == 0

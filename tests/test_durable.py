@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptfs.allocator import Allocator
-from ckptfs.durable import DurableState
-from ckptfs.journal import Extent, JournalCorrupt, decode_records, encode_record
-from ckptfs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
+from ckptfs.store.allocator import Allocator
+from ckptfs.store.durable import DurableState
+from ckptfs.format.journal import Extent, JournalCorrupt, decode_records, encode_record
+from ckptfs.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 
 UNITS = [24, 24, 16]
 CHUNK = 4096
@@ -32,8 +32,9 @@ def fresh() -> DurableState:
 def referenced(s: DurableState) -> dict[tuple[int, int], int]:
     """(dev, unit) -> how many chunks of live inodes name it."""
     out: dict[tuple[int, int], int] = {}
-    for inode in s.ns.inodes.values():
-        for ext in (inode.data or {}).values() if isinstance(inode.data, dict) else ():
+    for ino, data in s.files.items():
+        assert ino in s.ns.inodes, "extents kept for an inode that is gone"
+        for ext in data.values():
             out[(ext.dev, ext.unit)] = out.get((ext.dev, ext.unit), 0) + 1
     return out
 
@@ -53,7 +54,7 @@ def dump(s: DurableState) -> dict:
         out[ino] = dict(
             mode=i.mode, uid=i.uid, gid=i.gid, nlink=i.nlink, size=i.size, rdev=i.rdev,
             atime=i.atime_ns, mtime=i.mtime_ns, ctime=i.ctime_ns, target=i.target,
-            xattrs=dict(i.xattrs), data=dict(i.data) if isinstance(i.data, dict) else i.data,
+            xattrs=dict(i.xattrs), data=dict(s.files[ino]) if ino in s.files else None,
             parent=i.parent if i.is_dir else None,
             entries=[(n, c) for n, c, _ in i.dir.list_from(0)] if i.is_dir else None)
     return out
@@ -79,7 +80,7 @@ class Writer:
 
     def content(self, ino: int, nchunks: int, rewrite: set[int], now: int, tail: int = CHUNK) -> list:
         s = self.s
-        old = s.ns.get(ino).data or {}
+        old = s.files.get(ino) or {}
         extents, fresh_units = [], []
         for idx in range(nchunks):
             if idx in old and idx not in rewrite:
@@ -139,7 +140,7 @@ def test_rename_over_a_file_frees_the_replaced_file():
     new = dict(w.content(3, 2, set(), 2))
     s.apply(("rename", ROOT_INO, b"ckpt.tmp", ROOT_INO, b"ckpt", 0, 3))
     assert 2 not in s.ns.inodes
-    assert s.alloc.used_units() == 2 and s.ns.get(3).data == new
+    assert s.alloc.used_units() == 2 and s.files[3] == new
     check(s)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.layout import SB_SIZE, Superblock
+from ckptfs.format.layout import SB_SIZE, Superblock
 from mounting import CkptMount, ckptfs, is_mounted, make_devices
 
 MiB = 1 << 20
@@ -259,7 +259,7 @@ def test_mount_refuses_a_device_with_a_corrupt_superblock(tmp_path):
 
 def _extents(devs):
     """(ino, chunk index, Extent) of every durable chunk, read from the devices."""
-    from ckptfs.pool import open_pool, recover
+    from ckptfs.store.pool import open_pool, recover
     pool = open_pool([str(d) for d in devs])
     try:
         return recover(pool).durable.extents()

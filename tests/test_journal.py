@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from ckptfs.journal import (BLOCK, RECORDS, Extent, decode_records, encode_frame, encode_record,
+from ckptfs.format.journal import (BLOCK, RECORDS, Extent, decode_records, encode_frame, encode_record,
                             frame_size, replay_half)
 
 POOL = bytes(range(16))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.control import Client, control_path
+from ckptfs.ops.control import Client, control_path
 from lag_writer import body, step_of
 from mounting import CkptMount, poll
 

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from ckptfs.errors import UsageError
-from ckptfs.journal import Extent, encode_frame
-from ckptfs.layout import ANCHOR_SLOTS, FORMAT_VERSION, SB_SIZE, Anchor, Superblock
-from ckptfs.namespace import ROOT_INO
-from ckptfs.pool import format_pool, fsck, open_pool, recover, upgrade_superblocks
+from ckptfs.format.journal import Extent, encode_frame
+from ckptfs.format.layout import ANCHOR_SLOTS, FORMAT_VERSION, SB_SIZE, Anchor, Superblock
+from ckptfs.fs.namespace import ROOT_INO
+from ckptfs.store.pool import format_pool, fsck, open_pool, recover, upgrade_superblocks
 from faulty import make_faulty
 from mounting import ckptfs
 

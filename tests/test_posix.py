@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.layout import plan
+from ckptfs.format.layout import plan
 from mounting import CkptMount
 
 pytestmark = pytest.mark.mount

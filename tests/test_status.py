@@ -18,13 +18,13 @@ import time
 import pytest
 import trio
 
-from ckptfs import api
-from ckptfs.control import ControlServer, peer_uid
-from ckptfs.logs import StructuredFormatter
-from ckptfs.metrics import StoreCollector, read_metrics
-from ckptfs.monitor import Histogram, Monitor
-from ckptfs.namespace import ROOT_INO
-from ckptfs.status import file_states, snapshot
+from ckptfs.ops import api
+from ckptfs.ops.control import ControlServer, peer_uid
+from ckptfs.ops.logs import StructuredFormatter
+from ckptfs.ops.metrics import StoreCollector, read_metrics
+from ckptfs.ops.monitor import Histogram, Monitor
+from ckptfs.fs.namespace import ROOT_INO
+from ckptfs.ops.status import file_states, snapshot
 
 import mounting
 import nobody

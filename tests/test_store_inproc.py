@@ -79,8 +79,9 @@ def test_stale_data_is_not_drained():
     saved = size * len(versions)
     # what may be drained: the last version, plus what was in flight (queue depth x devices
     # chunks at a time) while each earlier version was being written
-    assert store.bytes_drained < saved / 3, (store.bytes_drained, saved)
-    assert store.bytes_skipped > 0 and store.records_voided > 0
+    st = store.statistics()
+    assert st.bytes_drained < saved / 3, (st.bytes_drained, saved)
+    assert st.bytes_skipped > 0 and st.records_voided > 0
     d2 = Driver(image_all(devs), memory=4 << 20)
     assert PathOps(d2).read_file("/ckpt") == versions[-1]
     d2.kill()
@@ -103,7 +104,8 @@ def test_max_lag_commits_a_path_rewritten_faster_than_it_drains():
         worst = max(worst, d.call_sync(d.store.lag))
     assert written > 20
     assert worst < 0.3 + 2.0, f"a commit waited {worst:.2f}s"
-    assert d.store.committed > 0 and d.store.records_voided > 0  # some versions skipped, not all
+    st = d.call_sync(d.store.statistics)
+    assert d.store.log.committed > 0 and st.records_voided > 0  # some versions skipped, not all
     d.kill()  # a crash: whatever reached the journal is what survives
     d2 = Driver(image_all(devs), memory=4 << 20)
     assert PathOps(d2).read_file("/last.ckpt") in versions  # without the bound: absent
@@ -124,3 +126,43 @@ def test_unmount_marks_the_journal_clean_and_a_kill_does_not():
     assert not rec["clean"] and rec["time_ns"] and rec["discarded"] == []
     assert PathOps(d3).read_file("/b") == b"y" * 1000
     d3.kill()
+
+
+def test_counters_add_up_after_random_workloads():
+    """absorbed = drained + skipped + in memory, at any moment, whatever was overwritten, truncated,
+    deleted or drained twice (Store.statistics())."""
+    rng = random.Random(5)
+    devs, d, p = fresh(memory=2 << 20, dev_size=32 << 20)
+    for x in devs:
+        x.write_delay = 0.002
+
+    def check():
+        st = d.call_sync(d.store.statistics)
+        assert st.bytes_absorbed == st.bytes_drained + st.bytes_skipped + st.bytes_in_memory, st
+        return st
+
+    names = [f"/f{i}" for i in range(4)]
+    for step in range(60):
+        op = rng.choice(["write", "write", "rewrite", "unlink", "rename", "sync"])
+        name = rng.choice(names)
+        if op in ("write", "rewrite"):
+            size = rng.choice([1, 5000, 65536, 200_000])
+            p.write_file(name, rng.randbytes(size), piece=rng.choice([4096, 65536, 100_000]))
+        elif op == "unlink":
+            try:
+                p.unlink(name)
+            except Exception:  # noqa: BLE001 - not there
+                pass
+        elif op == "rename":
+            try:
+                p.rename(name, rng.choice(names))
+            except Exception:  # noqa: BLE001
+                pass
+        else:
+            d.call(d.store.sync, None)
+        check()
+    d.call(d.store.drain_all)
+    st = check()
+    assert st.bytes_in_memory == 0 and st.files == {}, st  # everything durable: nothing left in memory
+    assert st.bytes_absorbed > 0 and st.bytes_drained > 0 and st.bytes_skipped > 0
+    d.kill()

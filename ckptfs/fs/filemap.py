@@ -10,6 +10,8 @@ its bytes in an arena slot, on a device extent, or both:
     gen      bumped by every change; `extent` is a copy of generation `extent_gen`
     pins     pending journal records that captured this chunk; a pinned chunk is
              frozen, and a write to it copies it first (copy-on-write in memory)
+    absorbed bytes written into it since its last drain (the owner moves them to its
+             drained or skipped counters: absorbed = drained + skipped + in memory)
 
 Chunk lifecycle and device space are the owner's business (`ChunkOwner`): it
 hands out slots (evicting clean chunks or raising NoSpace), hears when a
@@ -24,12 +26,12 @@ from __future__ import annotations
 from typing import Iterator, Protocol
 
 from .arena import Arena
-from .errors import NoSpace
+from ..errors import NoSpace
 
 
 class Chunk:
     __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "ino",
-                 "idx")
+                 "idx", "absorbed")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -43,6 +45,7 @@ class Chunk:
         self.busy = False  # a drain is writing from its slot: the slot must not be reused yet
         self.ino = ino
         self.idx = idx
+        self.absorbed = 0  # bytes written since the last drain (accounting only)
 
     @property
     def drained(self) -> bool:
@@ -163,6 +166,7 @@ class FileData:
             dst[inner:inner + n] = src[done:done + n]
             if inner + n > chunk.hwm:
                 chunk.hwm = inner + n
+            chunk.absorbed += n
             chunk.gen += 1
             self.owner.chunk_changed(chunk)
             done += n

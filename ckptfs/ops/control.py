@@ -52,7 +52,7 @@ import time
 import trio
 
 from . import status as status_mod
-from .errors import FsError
+from ..errors import FsError
 
 log = logging.getLogger("ckptfs.control")
 
@@ -311,7 +311,8 @@ class WaitProgress:
         rates = self.monitor.rates()
         left = total - done_bytes
         eta = 0.0 if left <= 0 else (left / rates.drain_bps if rates.drain_bps > 0 else None)
-        failing = [{"ino": i, "errno": states[i].errno} for i in self.targets
+        failing = [{"ino": i, "errno": errno.errorcode.get(states[i].errno, str(states[i].errno))}
+                   for i in self.targets
                    if i in states and states[i].state == status_mod.FAILED]
         return {"event": "progress", "files": len(self.targets), "durable": durable, "bytes": total,
                 "done": done_bytes, "drain_bps": rates.drain_bps, "eta_seconds": eta,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import mmap
 from dataclasses import dataclass
 
-from .errors import NoSpace, UsageError
+from ..errors import NoSpace, UsageError
 
 MIN_CHUNK = 4096
 DEFAULT_CHUNK = 1 << 20

@@ -1,11 +1,11 @@
 """The metadata journal: record codec, commit frames, and replay of a half. Pure.
 
-A record is a tuple ``(op, *args)`` whose arguments are exactly those the
-namespace observer reports (see namespace.py), plus ``content`` (a file's
-size, times and chunk extents at close/fsync), the snapshot records
-``attrs``, ``begin`` and ``snapend``, and ``stamp`` (the wall-clock time of a
-commit; every frame the daemon writes carries one, and replay reports the
-last instead of returning it).
+Records are the typed values of records.py (the namespace's notifications,
+``content`` at each close or fsync, the snapshot records ``attrs``, ``begin``
+and ``snapend``, and ``stamp``, the wall-clock time of a commit: every frame
+the daemon writes carries one, and replay reports the last instead of
+returning it). Encoding takes any ``(op, *fields)`` tuple; decoding returns
+typed records.
 
 A frame is one atomic commit of one or more records:
 
@@ -28,40 +28,18 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import crc32c
 
+from .layout import BLOCK, round_up
+from .records import BY_TYPE, SCHEMA, Extent
+
 MAGIC = 0x314A4B43  # "CKJ1"
-BLOCK = 4096
 _HDR = struct.Struct("<IIQQII")
 
 
-class Extent(NamedTuple):
-    dev: int
-    unit: int
-    length: int
-    crc: int
-
-
-# op -> (type byte, field kinds). Kinds: Q q I H B struct codes; s bytes (u16 length);
-# S bytes (u32 length); u optional u32; t optional i64; X list of (chunk index, Extent).
-RECORDS: dict[str, tuple[int, str]] = {
-    "make": (1, "QsIIIQsQq"),
-    "link": (2, "QQsq"),
-    "unlink": (3, "Qsq"),
-    "rmdir": (4, "Qsq"),
-    "rename": (5, "QsQsIq"),
-    "setattr": (6, "Quuuttq"),
-    "setxattr": (7, "QsS"),
-    "removexattr": (8, "Qs"),
-    "content": (9, "QQqqX"),
-    "attrs": (10, "QIIIqqq"),
-    "begin": (11, "QQ"),
-    "snapend": (12, ""),
-    "stamp": (13, "q"),
-}
-_BY_TYPE = {t: (op, kinds) for op, (t, kinds) in RECORDS.items()}
+# op -> (type byte, field kinds), from the schema (records.py says what the kinds are)
+RECORDS: dict[str, tuple[int, str]] = {op: (t.type, t.kinds) for op, t in SCHEMA.items()}
 _EXT = struct.Struct("<QHQII")
 
 
@@ -98,11 +76,10 @@ def decode_records(buf: bytes, nrec: int) -> list[tuple]:
     pos = 0
     mv = memoryview(buf)
     for _ in range(nrec):
-        t = buf[pos]
+        rt = BY_TYPE[buf[pos]]
         pos += 1
-        op, kinds = _BY_TYPE[t]
-        args: list = [op]
-        for k in kinds:
+        args: list = []
+        for k in rt.kinds:
             if k in "QqIHB":
                 (v,) = struct.unpack_from("<" + k, buf, pos)
                 pos += struct.calcsize(k)
@@ -125,14 +102,14 @@ def decode_records(buf: bytes, nrec: int) -> list[tuple]:
                     pos += _EXT.size
                     v.append((idx, Extent(dev, unit, length, crc)))
             args.append(v)
-        recs.append(tuple(args))
+        recs.append(rt.cls(*args))
     if pos != len(buf):
         raise JournalCorrupt(f"frame payload has {len(buf) - pos} trailing bytes")
     return recs
 
 
 def frame_size(payload_len: int) -> int:
-    return -(-(_HDR.size + payload_len) // BLOCK) * BLOCK
+    return round_up(_HDR.size + payload_len)
 
 
 def encode_frame(pool_id: bytes, seq: int, epoch: int, records: list[tuple]) -> bytes:

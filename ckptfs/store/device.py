@@ -18,20 +18,17 @@ import logging
 import mmap
 import os
 
-from .errors import DeviceError, ShortIO
+from ..errors import DeviceError, ShortIO, device_error
+from ..format.layout import BLOCK, round_up
 
 log = logging.getLogger("ckptfs.device")
-ALIGN = 4096
+ALIGN = BLOCK
 
 
 def aligned_buffer(n: int) -> memoryview:
     """`n` bytes (rounded up to 4 KiB) of page-aligned, zeroed, writable memory."""
-    size = max(ALIGN, -(-n // ALIGN) * ALIGN)
+    size = max(ALIGN, round_up(n))
     return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-
-
-def round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class BlockDevice:
@@ -63,8 +60,8 @@ class BlockDevice:
         try:
             n = os.pwritev(self.fd, bufs, offset)
         except OSError as e:
-            raise DeviceError(f"write of {want} bytes at offset {offset} on {self.path} failed: "
-                              f"{e.strerror}", e.errno if e.errno == errno.ENOSPC else errno.EIO) from None
+            raise device_error(f"write of {want} bytes at offset {offset} on {self.path} failed: "
+                               f"{e.strerror}", e.errno) from None
         if n != want:
             raise ShortIO(self.path, "write", offset, want, n)
 

@@ -13,7 +13,7 @@ falls back to the device with the most free units when that one is full.
 """
 from __future__ import annotations
 
-from .errors import NoSpace
+from ..errors import NoSpace
 
 
 class Allocator:

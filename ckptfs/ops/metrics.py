@@ -36,48 +36,40 @@ from __future__ import annotations
 import logging
 import math
 
-from .status import file_states
-
 log = logging.getLogger("ckptfs.metrics")
 
 
 def read_metrics(store, monitor, window: float = 2.0) -> dict:
-    """One consistent reading of everything exported (call in the trio thread)."""
+    """One consistent reading of everything exported (call in the trio thread): `Store.statistics()`
+    plus the monitor's rates."""
+    st = store.statistics()
     rates = monitor.rates(window)
-    cs = store.chunk_size
-    states = file_states(store)
     by_state = {"memory": 0, "draining": 0, "failed": 0}
     regular_not_durable = 0
     ns = store.ns
-    for ino, st in states.items():
-        by_state[st.state] += 1
+    for ino, f in st.files.items():
+        by_state[f.state] += 1
         inode = ns.inodes.get(ino) if ns is not None else None
         if inode is not None and inode.is_reg:
             regular_not_durable += 1
     regular = sum(1 for i in ns.inodes.values() if i.is_reg and i.nlink > 0) if ns is not None else 0
     by_state["durable"] = max(0, regular - regular_not_durable)
-    to_drain = sum(st.bytes - st.drained for st in states.values())
-    arena = store.arena
-    cached = sum(1 for c in store.lru.values() if c.slot is not None)
-    devices = []
-    for d, dev in enumerate(store.devices):
-        s = store.stats[d]
-        devices.append({"device": str(dev.path), "index": str(d), "written": s.bytes_written, "read": s.bytes_read,
-                        "errors": s.errors, "write_bps": rates.write_bps[d], "read_bps": rates.read_bps[d],
-                        "capacity": store.alloc.units[d] * cs,
-                        "used": (store.alloc.units[d] - store.alloc.free_units(d)) * cs})
+    to_drain = sum(f.bytes - f.drained for f in st.files.values())
+    devices = [{"device": d.path, "index": str(d.index), "written": d.bytes_written, "read": d.bytes_read,
+                "errors": d.errors, "write_bps": rates.write_bps[d.index], "read_bps": rates.read_bps[d.index],
+                "capacity": d.capacity, "used": d.used} for d in st.devices]
     lat = monitor.latency
     return {
-        "absorbed": store.bytes_absorbed, "drained": store.bytes_drained, "skipped": store.bytes_skipped,
+        "absorbed": st.bytes_absorbed, "drained": st.bytes_drained, "skipped": st.bytes_skipped,
         "latency": {"buckets": lat.cumulative(), "sum": lat.sum, "count": lat.count},
-        "memory": {"capacity": arena.capacity, "undrained": max(0, arena.used_slots - cached) * cs,
-                   "cached": cached * cs, "free": arena.free_slots * cs},
+        "memory": {"capacity": st.arena, "undrained": st.arena_undrained, "cached": st.arena_cached,
+                   "free": st.arena_free},
         "backpressure_waits": monitor.backpressure_waits, "backpressure_seconds": monitor.backpressure_seconds,
         "devices": devices, "files": by_state,
-        "records_pending": len(store.pending), "records_voided": store.records_voided,
-        "lag": store.lag(), "max_lag": store.max_lag,
-        "unclean": 0 if store.recovery.get("clean", True) else 1,
-        "discarded": len(store.recovery.get("discarded", ())),
+        "records_pending": st.records_pending, "records_voided": st.records_voided,
+        "lag": st.lag, "max_lag": st.max_lag,
+        "unclean": 0 if st.recovery.get("clean", True) else 1,
+        "discarded": len(st.recovery.get("discarded", ())),
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
     }
 

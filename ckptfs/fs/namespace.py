@@ -3,7 +3,7 @@
 Pure bookkeeping, no I/O. Each mutating method checks POSIX preconditions
 first and raises `FsError(errno)` before touching anything, so a failed call
 changes nothing. Every mutation is also offered to `observer` (a callable
-taking an op name and its arguments) after it succeeded; the durable store
+taking the typed record of it, format/records.py) after it succeeded; the durable store
 journals those calls and replays them into a fresh Namespace at mount, which
 is why `make` accepts an explicit inode number.
 
@@ -25,7 +25,8 @@ import stat
 import time
 from typing import Callable, Iterator
 
-from .errors import fs_error
+from ..errors import fs_error
+from ..format.records import Link, Make, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink
 
 ROOT_INO = 1
 NAME_MAX = 255
@@ -112,7 +113,7 @@ class Inode:
         return stat.S_ISREG(self.mode)
 
 
-Observer = Callable[..., None]
+Observer = Callable[[tuple], None]  # hears the typed record (format/records.py) of each mutation
 
 
 class Namespace:
@@ -163,9 +164,9 @@ class Namespace:
         return inode
 
     # ---- mutations -----------------------------------------------------
-    def _notify(self, op: str, *args) -> None:
+    def _notify(self, rec: tuple) -> None:
         if self.observer is not None:
-            self.observer(op, *args)
+            self.observer(rec)
 
     @staticmethod
     def _check_name(name: bytes) -> None:
@@ -207,7 +208,7 @@ class Namespace:
         self._touch(pdir, now)
         if count_lookup:
             inode.lookups += 1
-        self._notify("make", parent, name, mode, uid, gid, rdev, target, ino, now)
+        self._notify(Make(parent, name, mode, uid, gid, rdev, target, ino, now))
         return inode
 
     def link(self, ino: int, parent: int, name: bytes, *, now: int | None = None,
@@ -228,7 +229,7 @@ class Namespace:
         self._touch(pdir, now)
         if count_lookup:
             inode.lookups += 1
-        self._notify("link", ino, parent, name, now)
+        self._notify(Link(ino, parent, name, now))
         return inode
 
     def _drop_name(self, pdir: Inode, name: bytes, inode: Inode, now: int) -> None:
@@ -250,7 +251,7 @@ class Namespace:
             raise fs_error(errno.EISDIR)
         now = self.clock() if now is None else now
         self._drop_name(pdir, name, inode, now)
-        self._notify("unlink", parent, name, now)
+        self._notify(Unlink(parent, name, now))
         return inode
 
     def rmdir(self, parent: int, name: bytes, *, now: int | None = None) -> Inode:
@@ -266,7 +267,7 @@ class Namespace:
             raise fs_error(errno.ENOTEMPTY)
         now = self.clock() if now is None else now
         self._drop_name(pdir, name, inode, now)
-        self._notify("rmdir", parent, name, now)
+        self._notify(Rmdir(parent, name, now))
         return inode
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:
@@ -311,7 +312,7 @@ class Namespace:
                 moved.ctime_ns = now
             self._touch(old_dir, now)
             self._touch(new_dir, now)
-            self._notify("rename", p_old, n_old, p_new, n_new, flags, now)
+            self._notify(Rename(p_old, n_old, p_new, n_new, flags, now))
             return None
         if dst is not None:
             if src.is_dir and not dst.is_dir:
@@ -330,7 +331,7 @@ class Namespace:
         src.ctime_ns = now
         self._touch(old_dir, now)
         self._touch(new_dir, now)
-        self._notify("rename", p_old, n_old, p_new, n_new, flags, now)
+        self._notify(Rename(p_old, n_old, p_new, n_new, flags, now))
         return dst
 
     def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
@@ -350,7 +351,7 @@ class Namespace:
         if mtime_ns is not None:
             inode.mtime_ns = mtime_ns
         inode.ctime_ns = now
-        self._notify("setattr", ino, mode, uid, gid, atime_ns, mtime_ns, now)
+        self._notify(Setattr(ino, mode, uid, gid, atime_ns, mtime_ns, now))
         return inode
 
     def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
@@ -361,14 +362,14 @@ class Namespace:
         inode = self.get(ino)
         inode.xattrs[name] = bytes(value)
         inode.ctime_ns = self.clock()
-        self._notify("setxattr", ino, name, bytes(value))
+        self._notify(Setxattr(ino, name, bytes(value)))
 
     def removexattr(self, ino: int, name: bytes) -> None:
         inode = self.get(ino)
         if inode.xattrs.pop(name, None) is None:
             raise fs_error(errno.ENODATA)
         inode.ctime_ns = self.clock()
-        self._notify("removexattr", ino, name)
+        self._notify(Removexattr(ino, name))
 
     # ---- lifetime ------------------------------------------------------
     def forget(self, ino: int, n: int) -> None:

@@ -27,7 +27,12 @@ ANCHOR_SLOTS = (4096, 8192)  # generation g goes to slot g % 2: a torn write spa
 SB_SIZE = 4096
 JOURNAL_OFF = 1 << 20
 DEFAULT_JOURNAL_HALF = 32 << 20
-ALIGN = 4096
+BLOCK = 4096  # the unit of alignment on the devices: O_DIRECT, frames, superblocks, anchors
+
+
+def round_up(n: int) -> int:
+    """`n` rounded up to a whole number of BLOCKs."""
+    return -(-n // BLOCK) * BLOCK
 
 # magic, version, pool id, index, count, chunk size, journal off, journal half, data off,
 # data units, device size, created (ns), crc32c of everything before it

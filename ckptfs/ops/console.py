@@ -19,7 +19,7 @@ import time
 
 from .api import DrainFailed, WaitTimeout, wait_paths
 from .control import Client, ControlError, control_path, mountpoint_of
-from .errors import UsageError
+from ..errors import UsageError
 
 TIMEOUT_STATUS = 124
 

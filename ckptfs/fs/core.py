@@ -9,7 +9,7 @@ testable byte by byte with no mount.
 
 Open handles remember how the file was opened (append, writable). Files
 opened for writing are served with direct_io (no page cache in front, the
-fast path measured in field-notes.md); read-only opens may keep the kernel
+fast path measured in docs/PERFORMANCE.md); read-only opens may keep the kernel
 page cache when the data has not changed since the previous read-only open,
 so mmap readers (safetensors, torch.load(mmap=True)) work and stay coherent.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .arena import Arena
-from .errors import fs_error
+from ..errors import fs_error
 from .filemap import ChunkOwner, FileData, MemoryOwner
 from .namespace import Inode, Namespace
 

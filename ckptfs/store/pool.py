@@ -25,12 +25,12 @@ import crc32c
 from .allocator import Allocator
 from .device import ALIGN, BlockDevice, aligned_buffer, round_up
 from .durable import DurableState
-from .errors import UsageError
-from .filemap import Chunk, FileData
-from .journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
-from .layout import (ANCHOR_SLOTS, DEFAULT_JOURNAL_HALF, FORMAT_VERSION, SB_SIZE, Anchor, FormatError,
+from ..errors import UsageError
+from ..fs.filemap import Chunk, FileData
+from ..format.journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
+from ..format.layout import (ANCHOR_SLOTS, DEFAULT_JOURNAL_HALF, FORMAT_VERSION, SB_SIZE, Anchor, FormatError,
                      Superblock, foreign_signature, make_superblocks, min_device_size)
-from .namespace import ROOT_INO, Namespace
+from ..fs.namespace import ROOT_INO, Namespace
 
 log = logging.getLogger("ckptfs.pool")
 
@@ -289,17 +289,16 @@ def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
         live.apply(rec)
     ns = live.ns
     ns.clock = time.time_ns
-    for inode in ns.inodes.values():
-        if isinstance(inode.data, dict):
-            fd = FileData(owner, inode.ino)
-            for idx, ext in inode.data.items():
-                c = Chunk(None, inode.ino, idx)
-                c.hwm = ext.length
-                c.extent = ext
-                c.extent_gen = 0
-                c.live = True
-                fd.chunks[idx] = c
-            inode.data = fd
+    for ino, extents in live.files.items():
+        fd = FileData(owner, ino)
+        for idx, ext in extents.items():
+            c = Chunk(None, ino, idx)
+            c.hwm = ext.length
+            c.extent = ext
+            c.extent_gen = 0
+            c.live = True
+            fd.chunks[idx] = c
+        ns.inodes[ino].data = fd
     return ns
 
 

@@ -1,0 +1,168 @@
+"""The journal writer: commits pending records in order, in frames, mirrored.
+
+`Committer` owns the journal's position on the devices (`half`, `tail`,
+`seq`, the anchor generation) and the set of devices holding data written
+since their last flush (`unflushed`). One task asks the commit log
+(ordering.py) for the next batch: the longest ready prefix of pending records
+that does not split an atomic group. It flushes the devices holding data
+written since the last commit, writes the frame at the journal tail on every
+device, flushes again, applies the records to the durable state and reports
+the batch committed. Every frame carries a `stamp` record (its wall-clock
+time), so recovery can say when the state it recovered was current.
+
+When a frame does not fit in the current half, it first compacts: a
+snapshot of the durable state at the start of the other half, then a new
+journal anchor naming that half (see docs/FORMAT.md). A clean unmount writes
+an anchor marked clean (`write_anchor(clean=True)`).
+
+It talks to the store through `CommitHost` (below).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import trio
+
+from ..errors import DeviceError, FsError, StoreFailing
+from ..format.journal import encode_frame
+from ..format.layout import Anchor
+from ..format.records import Begin, Snapend, Stamp
+from ..tasks import gather
+from .device import BlockDevice, aligned_buffer
+from .durable import DurableState
+from .ordering import CommitLog, Pending
+
+log = logging.getLogger("ckptfs.journal")
+
+
+class CommitHost(Protocol):
+    """What the committer needs from the store."""
+    devices: list[BlockDevice]
+    sbs: list
+    limiters: list[trio.CapacityLimiter]
+    stats: list  # DeviceStats per device
+    durable: DurableState
+    log: CommitLog
+
+    def committed(self, batch: list[Pending]) -> None: ...  # the batch is on the devices
+    async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
+
+
+class Committer:
+    def __init__(self, host: CommitHost, *, half: int, tail: int, seq: int, anchor_gen: int = 0):
+        self.host = host
+        self.sb = host.sbs[0]
+        self.half, self.tail, self.seq = half, tail, seq  # where the next frame goes, and its seq - 1
+        self.anchor_gen = anchor_gen  # the newest journal anchor's generation
+        self.unflushed: set[int] = set()  # devices with data written since their last flush
+        self.lot = trio.lowlevel.ParkingLot()
+
+    def wrote(self, dev: int) -> None:
+        """Data reached `dev`; it must be flushed before a frame that names it is written."""
+        self.unflushed.add(dev)
+
+    def wake(self) -> None:
+        """Records were added or became ready: look for a batch again."""
+        self.lot.unpark_all()
+
+    async def run(self) -> None:
+        h = self.host
+        while True:
+            batch = h.log.take_batch(self.sb.journal_half // 4)
+            if not batch:
+                await self.lot.park()
+                continue
+            try:
+                await self._commit(batch)
+            except Exception as e:  # noqa: BLE001 - device errors (and bugs) are retried
+                if not isinstance(e, DeviceError):
+                    log.exception("unexpected error in journal commit")
+                error = e if isinstance(e, DeviceError) else StoreFailing(f"internal error: {e}")
+                await h.retry_later(error, [p.ino for p in batch if p.is_content], "journal commit failed")
+                continue
+            h.committed(batch)
+
+    async def _commit(self, batch: list[Pending]) -> None:
+        records = [r for r in (p.record() for p in batch) if r is not None]
+        await self._flush(list(self.unflushed))
+        if not records:
+            return
+        durable = self.host.durable
+        stamped = [Stamp(time.time_ns()), *records]
+        frame = encode_frame(self.sb.pool_id, self.seq + 1, durable.epoch, stamped)
+        if self.tail + len(frame) > self.sb.journal_half:
+            await self.compact()
+            frame = encode_frame(self.sb.pool_id, self.seq + 1, durable.epoch, stamped)
+            if self.tail + len(frame) > self.sb.journal_half:
+                raise DeviceError("journal is too small for one commit: format with a larger --journal-size")
+        await self._write_journal(frame, self.tail)
+        log.debug("committed frame seq %d at %d: %s", self.seq + 1, self.tail,
+                  " ".join(f"{r.op}:{r[1]}" for r in records))
+        self.seq += 1
+        self.tail += len(frame)
+        for r in records:
+            durable.apply(r)
+
+    async def _flush(self, devs: list[int]) -> None:
+        self.unflushed.difference_update(devs)
+        try:
+            await gather([(self._run_on, d, self.host.devices[d].flush) for d in devs])
+        except BaseException:
+            self.unflushed.update(devs)
+            raise
+
+    async def _run_on(self, d: int, fn, *args) -> None:
+        try:
+            await trio.to_thread.run_sync(fn, *args, limiter=self.host.limiters[d])
+        except DeviceError:
+            self.host.stats[d].errors += 1
+            raise
+
+    async def _write_all(self, block, offset_of) -> None:
+        """Write `block` on every device at `offset_of(sb)`, then flush them all."""
+        buf = aligned_buffer(len(block))
+        buf[:len(block)] = block
+        view = buf[:len(block)]
+        await gather([(self._run_on, d, self.host.devices[d].pwrite, view, offset_of(sb))
+                      for d, sb in enumerate(self.host.sbs)])
+        await self._flush(list(range(len(self.host.devices))))
+
+    async def _write_journal(self, frame: bytes, offset: int) -> None:
+        await self._write_all(frame, lambda sb: sb.half_offset(self.half) + offset)
+
+    async def compact(self) -> None:
+        """Write a snapshot of the durable state at the start of the other half, then go on there."""
+        durable = self.host.durable
+        epoch = durable.epoch + 1
+        recs = [Begin(epoch, durable.ns.next_ino), Stamp(time.time_ns()), *durable.snapshot(), Snapend()]
+        frames, seq = [], self.seq
+        step = 2000
+        for i in range(0, len(recs), step):
+            seq += 1
+            frames.append(encode_frame(self.sb.pool_id, seq, epoch, recs[i:i + step]))
+        blob = b"".join(frames)
+        if len(blob) > self.sb.journal_half:
+            raise DeviceError("the namespace no longer fits in a journal half: format with a larger --journal-size")
+        half = 1 - self.half
+        old_half, self.half = self.half, half
+        try:
+            await self._write_journal(blob, 0)
+        except BaseException:
+            self.half = old_half
+            raise
+        durable.epoch = epoch
+        self.seq, self.tail = seq, len(blob)
+        await self.write_anchor(clean=False)
+        log.info("journal compacted into half %d (epoch %d, %d records, %d bytes)", half, epoch, len(recs), len(blob))
+
+    async def write_anchor(self, *, clean: bool) -> None:
+        """Record on every device which half and epoch are current (and, when `clean`, that nothing
+        follows the last frame: the pool was closed cleanly). Both slots alternate, so a torn anchor
+        write leaves the previous one intact."""
+        gen = self.anchor_gen + 1
+        anchor = Anchor(generation=gen, epoch=self.host.durable.epoch, half=self.half, clean=clean,
+                        seq=self.seq, time_ns=time.time_ns())
+        await self._write_all(anchor.encode(self.sb.pool_id), lambda sb: anchor.offset)
+        self.anchor_gen = gen

@@ -1,0 +1,379 @@
+"""Moving bytes between the arena and the devices: drain queues, workers, the gate, fetches.
+
+`Drainer` owns the per-device ready queues and everything that decides when
+chunks move. Each device has `queue_depth` worker tasks taking chunks from
+its queue. A worker takes a few queued chunks at once, gives each a data unit
+(consecutive units where it can), and writes each run of consecutive units
+with one `pwritev` in a worker thread, the checksum computed there too, so
+the trio thread (which serves FUSE) only does bookkeeping. When the write
+returns, a chunk whose generation moved on, or that was deleted meanwhile,
+gets its unit back instead (that copy is stale).
+
+The gate (absorb-first policy): while writes stream in and nothing presses
+(memory half full, an fsync waiting, a commit older than max_lag: the
+store's `pressing()`), the gate is closed and workers wait, so the CPU goes to
+absorbing the save; worker 0 of a device not known to be fast still keeps
+one batch in flight. `--drain eager` never closes it. Partial batches wait
+TICK seconds for company before they go.
+
+Fetches read evicted chunks back into arena slots, in parallel across
+devices, and verify each chunk's crc32c: a mismatch is EIO and a logged
+error, never wrong bytes.
+
+It talks to the store through `DrainHost` (below): slots, unit allocation,
+and reports of what happened to each chunk.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Protocol
+
+import crc32c
+import trio
+
+from ..errors import ChecksumMismatch, DeviceError, DevicesFull, FsError, NoSpace, StoreFailing
+from ..format.records import Extent
+from ..fs.arena import Arena
+from ..fs.filemap import Chunk
+from ..tasks import gather
+from .allocator import Allocator
+from .device import BlockDevice, round_up
+
+log = logging.getLogger("ckptfs.drain")
+BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
+READAHEAD = 16  # chunks loaded ahead of a sequential reader
+SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
+TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
+HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
+HOLD_POLL = 0.005
+
+
+class DrainHost(Protocol):
+    """What the drain needs from the store."""
+    arena: Arena
+    alloc: Allocator
+    devices: list[BlockDevice]
+    sbs: list
+    limiters: list[trio.CapacityLimiter]
+    stats: list  # DeviceStats per device
+    chunk_size: int
+
+    def pressing(self) -> bool: ...  # something needs the drain now (memory, a waiter, max_lag)
+    def alloc_slot(self) -> int: ...
+    async def wait_for_room(self, devices_full: bool = False) -> bool: ...
+    def drained(self, chunk: Chunk, extent: Extent) -> None: ...  # a chunk's copy is on a device
+    def stale_copy(self, chunk: Chunk, nbytes: int) -> None: ...  # a written copy went stale
+    def wrote(self, dev: int) -> None: ...  # data written to dev, not yet flushed
+    def cached(self, chunk: Chunk) -> None: ...  # a fetched chunk holds a slot again
+    def evictable(self) -> int: ...  # slots held by chunks already on a device
+    async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
+    def wake(self) -> None: ...  # progress: waiters may look again
+
+
+class Drainer:
+    def __init__(self, host: DrainHost, *, queue_depth: int, policy: str = "absorb-first"):
+        self.host = host
+        self.queue_depth = queue_depth
+        self.policy = policy  # "absorb-first" or "eager"
+        n = len(host.devices)
+        self.ready: list[OrderedDict[int, Chunk]] = [OrderedDict() for _ in range(n)]
+        self.in_flight = 0  # chunks being written now
+        self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
+        self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
+        self.gate.set()
+        self.last_write = -1.0  # trio time of the last write into the arena
+        self.work = [trio.lowlevel.ParkingLot() for _ in range(n)]
+        self.tick = trio.Event()  # set when a partial batch waits for the ticker
+        self.writes_started = trio.Event()
+        self.nursery: trio.Nursery | None = None
+
+    # ---- queues ----------------------------------------------------------------
+    def queue(self, chunk: Chunk) -> None:
+        """Queue a chunk for its device (nothing if it is queued, drained or not in memory)."""
+        if chunk.queued or chunk.drained or chunk.slot is None:
+            return
+        chunk.queued = True
+        dev = self.host.alloc.preferred(chunk.ino, chunk.idx)
+        queue = self.ready[dev]
+        queue[id(chunk)] = chunk
+        # wake a worker for a full batch (large I/Os, few thread hand-offs) or when someone
+        # waits for this chunk; the ticker picks up partial batches a moment later
+        if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
+            self.work[dev].unpark()
+        else:
+            self.tick.set()
+
+    def unqueue(self, chunk: Chunk) -> bool:
+        """Take a queued chunk back (its bytes went stale); True if it was queued."""
+        if not chunk.queued:
+            return False
+        self.ready[self.host.alloc.preferred(chunk.ino, chunk.idx)].pop(id(chunk), None)
+        chunk.queued = False
+        return True
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.ready)
+
+    def queued_bytes(self) -> int:
+        return sum(c.hwm for q in self.ready for c in q.values())
+
+    def note_write(self) -> None:
+        """The arena was written: under absorb-first the gatekeeper may close the gate."""
+        self.last_write = trio.current_time()
+        if self.gate.is_set() and self.policy == "absorb-first":
+            self.writes_started.set()
+
+    def open_gate(self) -> None:
+        self.gate.set()
+
+    def slow(self, dev: int) -> bool:
+        """A device not known to be fast: worth keeping busy even while the drain is held."""
+        bw = self.host.stats[dev].bandwidth
+        return bw is None or bw < SLOW_DEVICE
+
+    # ---- tasks -------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            for d in range(len(self.host.devices)):
+                for k in range(self.queue_depth):
+                    nursery.start_soon(self.worker, d, k)
+            nursery.start_soon(self._ticker)
+            nursery.start_soon(self._gatekeeper)
+            task_status.started()
+
+    def _hold_back(self) -> bool:
+        """Absorb first: hold the drain while writes stream in and nothing presses."""
+        return (self.policy == "absorb-first"
+                and trio.current_time() - self.last_write < HOLD_IDLE
+                and not self.host.pressing())
+
+    async def _gatekeeper(self) -> None:
+        """Opens the gate when writes pause or something presses; closes it while saves stream in."""
+        while True:
+            if self._hold_back():
+                if self.gate.is_set():
+                    self.gate = trio.Event()
+                await trio.sleep(HOLD_POLL)
+            else:
+                self.gate.set()
+                await self.writes_started.wait()
+                self.writes_started = trio.Event()
+
+    async def _ticker(self) -> None:
+        """Start partial batches that waited TICK seconds for company."""
+        while True:
+            await self.tick.wait()
+            await trio.sleep(TICK)
+            self.tick = trio.Event()
+            for d, queue in enumerate(self.ready):
+                if queue:
+                    self.work[d].unpark()
+
+    async def worker(self, dev: int, k: int = 0) -> None:
+        queue = self.ready[dev]
+        while True:
+            while not queue:
+                await self.work[dev].park()
+            # while the drain is held back (absorb-first), worker 0 of a slow device still keeps
+            # one batch in flight: a slow device idle during the save would cost time-to-durable,
+            # while a fast one catches up quickly afterwards and costs CPU the save needs now
+            if not self.gate.is_set() and not (k == 0 and self.slow(dev)):
+                await self.gate.wait()
+                continue
+            batch = []
+            while queue and len(batch) < BATCH:
+                _, chunk = queue.popitem(last=False)
+                chunk.queued = False
+                if not chunk.drained and chunk.slot is not None and (chunk.live or chunk.pins):
+                    batch.append(chunk)
+            if not batch:
+                continue
+            self.in_flight += len(batch)
+            try:
+                await self._drain_batch(dev, batch)
+            except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
+                log.exception("unexpected error draining %d chunk(s) of inode %d", len(batch), batch[0].ino)
+                await self.host.retry_later(StoreFailing(f"internal error: {e}"))
+                for c in batch:
+                    self.queue(c)
+            finally:
+                self.in_flight -= len(batch)
+
+    async def _drain_batch(self, pref: int, batch: list[Chunk]) -> None:
+        h = self.host
+        placed = []  # (chunk, dev, unit, gen, hwm)
+        for i, chunk in enumerate(batch):
+            try:
+                dev, unit = h.alloc.alloc(pref)
+            except NoSpace:
+                await h.retry_later(DevicesFull(f"no room on any device for {len(batch) - i} chunk(s)"),
+                                    [c.ino for c in batch[i:]])
+                for c in batch[i:]:
+                    self.queue(c)
+                break
+            placed.append((chunk, dev, unit, chunk.gen, chunk.hwm))
+        runs: list[list[tuple]] = []
+        for p in placed:
+            chunk = p[0]
+            if chunk.slot is None or chunk.gen != p[3] or not (chunk.live or chunk.pins):
+                h.alloc.release(p[1], p[2])  # evicted, changed or dropped while we waited for room
+                continue
+            last = runs[-1][-1] if runs else None
+            if (last is not None and last[1] == p[1] and last[2] + 1 == p[2]
+                    and round_up(last[4]) == h.chunk_size):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        # the views are taken now, before any await, and the slots stay theirs (busy) until the
+        # writes return, even if the chunks are dropped meanwhile
+        for run in runs:
+            for p in run:
+                p[0].busy = True
+        try:
+            await gather([(self._write_run, run, [h.arena.view(p[0].slot) for p in run]) for run in runs])
+        finally:
+            for run in runs:
+                for p in run:
+                    chunk = p[0]
+                    chunk.busy = False
+                    if not (chunk.live or chunk.pins) and chunk.slot is not None:
+                        h.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
+                        chunk.slot = None
+
+    async def _write_run(self, run: list[tuple], views: list[memoryview]) -> None:
+        """Write chunks bound for consecutive units of one device with one pwritev."""
+        h = self.host
+        dev, first = run[0][1], run[0][2]
+        stats = h.stats[dev]
+        t0 = trio.current_time()
+        stats.in_flight += 1
+        sharing = stats.in_flight  # I/Os sharing the device with this one, roughly
+        try:
+            crcs = await trio.to_thread.run_sync(_checksum_and_write, h.devices[dev], views,
+                                                 [p[4] for p in run], h.sbs[dev].unit_offset(first),
+                                                 limiter=h.limiters[dev])
+        except DeviceError as e:
+            stats.in_flight -= 1
+            stats.errors += 1
+            for _, d, unit, _, _ in run:
+                h.alloc.release(d, unit)
+            await h.retry_later(e, [p[0].ino for p in run],
+                                f"drain of inode {run[0][0].ino} ({len(run)} chunk(s)) failed")
+            for chunk, *_ in run:
+                self.queue(chunk)
+            return
+        stats.writes += 1
+        stats.in_flight -= 1
+        stats.observe(sharing * sum(round_up(p[4]) for p in run), trio.current_time() - t0)
+        h.wrote(dev)
+        for (chunk, d, unit, gen, hwm), crc in zip(run, crcs):
+            h.stats[d].bytes_written += round_up(hwm)
+            if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
+                h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
+                h.stale_copy(chunk, hwm)
+                if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= h.chunk_size:
+                    self.queue(chunk)
+                continue
+            h.drained(chunk, Extent(d, unit, hwm, crc))
+        h.wake()
+
+    # ---- fetches -------------------------------------------------------------------
+    async def fetch(self, chunks: list[Chunk]) -> None:
+        """Load evicted chunks back into the arena, in parallel across devices."""
+        await gather([(self._fetch_one, c) for c in chunks])
+
+    def read_ahead(self, data, idx: int) -> None:
+        """Sequential reads: keep the next READAHEAD chunks loading, in parallel across devices.
+
+        Checked on every read but cheap: it acts only when the chunk half a window ahead is
+        still on the devices, and only while the arena has room to spare.
+        """
+        if self.nursery is None:
+            return
+        probe = data.chunks.get(idx + READAHEAD // 2)
+        if probe is None or probe.slot is not None or id(probe) in self.fetching:
+            return
+        if self.host.arena.free_slots + self.host.evictable() < 2 * READAHEAD:
+            return
+        for i in range(idx + 1, idx + 1 + READAHEAD):
+            c = data.chunks.get(i)
+            if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching:
+                self.nursery.start_soon(self._prefetch_one, c)
+
+    async def _prefetch_one(self, chunk: Chunk) -> None:
+        try:
+            await self._fetch_one(chunk)
+        except Exception as e:  # noqa: BLE001 - the read that needs it will retry and report
+            log.debug("read-ahead of inode %d chunk %d failed: %s", chunk.ino, chunk.idx, e)
+
+    async def _fetch_one(self, chunk: Chunk) -> None:
+        key = id(chunk)
+        if key in self.fetching:
+            await self.fetching[key].wait()
+            return
+        if chunk.slot is not None or chunk.extent is None:
+            return
+        h = self.host
+        done = self.fetching[key] = trio.Event()
+        try:
+            while True:
+                try:
+                    slot = h.alloc_slot()
+                    break
+                except NoSpace:
+                    if not await h.wait_for_room():
+                        raise
+            ext = chunk.extent
+            view = h.arena.view(slot)
+            length = round_up(ext.length)
+            try:
+                crc = await trio.to_thread.run_sync(_read_and_checksum, h.devices[ext.dev], view,
+                                                    length, ext.length, h.sbs[ext.dev].unit_offset(ext.unit),
+                                                    limiter=h.limiters[ext.dev])
+            except DeviceError:
+                h.arena.free(slot)
+                h.stats[ext.dev].errors += 1
+                raise
+            h.stats[ext.dev].bytes_read += length
+            h.stats[ext.dev].reads += 1
+            if crc != ext.crc:
+                h.arena.free(slot)
+                h.stats[ext.dev].errors += 1
+                msg = (f"checksum mismatch reading inode {chunk.ino} chunk {chunk.idx} from "
+                       f"{h.devices[ext.dev].path} unit {ext.unit}")
+                log.error(msg)
+                raise ChecksumMismatch(msg)
+            if chunk.extent is not ext or not (chunk.live or chunk.pins) or chunk.slot is not None:
+                h.arena.free(slot)
+                return
+            chunk.slot = slot
+            h.cached(chunk)
+        finally:
+            del self.fetching[key]
+            done.set()
+
+
+def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid: int, offset: int) -> int:
+    """In a worker thread: read `length` bytes into `view`, return the crc32c of the first `valid`."""
+    device.pread_into(view[:length], offset)
+    return crc32c.crc32c(view[:valid])
+
+
+def _checksum_and_write(device: BlockDevice, views: list[memoryview], hwms: list[int], offset: int
+                        ) -> list[int]:
+    """In a worker thread: zero-pad each chunk to 4 KiB, checksum its valid bytes, write them all
+    with one pwritev at `offset`; returns the crcs.
+
+    If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
+    """
+    bufs, crcs = [], []
+    for view, hwm in zip(views, hwms):
+        length = round_up(hwm)
+        if length > hwm:
+            view[hwm:length] = bytes(length - hwm)
+        crcs.append(crc32c.crc32c(view[:hwm]))
+        bufs.append(view[:length])
+    device.pwritev(bufs, offset)
+    return crcs

@@ -1,0 +1,513 @@
+"""The durable store: chunk bookkeeping between the arena, the drain and the journal.
+
+It plugs under the core as both its `ChunkOwner` (who hands out arena slots
+and hears about chunk changes) and its `Durability` (who hears namespace
+records and file closes), and wires three parts that own their own state:
+
+    ordering.CommitLog   the pending records and the prefix rule (pure)
+    drain.Drainer        drain queues, workers, the absorb-first gate, fetches
+    committer.Committer  the journal's position, frames, compaction, anchors
+
+The store itself owns the chunks' places (which are waiting to fill, which
+are cached on a device and may be evicted), the per-file drain errors, the
+counters, and the one retry policy (`retry_later`). State machine of a chunk:
+
+    DIRTY --(full, or captured by a commit, or memory pressure)--> QUEUED
+    QUEUED --(drain task: pwrite to a unit of its device)--> DRAINED (clean)
+    DRAINED --(arena needs room)--> EVICTED (slot freed; bytes on the device)
+    any --(written again)--> DIRTY (a pinned chunk is copied first)
+
+No wasted bandwidth (promise 7): chunks deleted, truncated or rewritten
+before their turn leave the queue, and superseded commits are voided
+(ordering.py). Accounting: every byte written is absorbed, and stays "in
+memory" (`Chunk.absorbed`) until the chunk holding it is drained or dropped
+undrained (skipped), so absorbed = drained + skipped + in memory always.
+
+All bookkeeping runs in the trio thread; only device calls run in worker
+threads (one CapacityLimiter per device, its queue depth).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import trio
+
+from ..errors import DevicesFull, FsError, NoSpace, StoreFailing, fs_error
+from ..format.layout import Superblock
+from ..format.records import Extent
+from ..fs.arena import Arena
+from ..fs.filemap import Chunk
+from ..fs.namespace import Inode, Namespace
+from .committer import Committer
+from .device import BlockDevice
+from .drain import Drainer
+from .durable import DurableState
+from .ordering import CommitLog, Pending
+
+log = logging.getLogger("ckptfs.store")
+DEFAULT_MAX_LAG = 2.0  # seconds a closed file's commit may be deferred (docs/SEMANTICS.md)
+RETRY_DELAY = 0.5  # seconds between retries of a failed drain or commit
+MEMORY, DRAINING, DURABLE, FAILED = "memory", "draining", "durable", "failed"
+
+
+@dataclass
+class DeviceStats:
+    bytes_written: int = 0
+    bytes_read: int = 0
+    writes: int = 0
+    reads: int = 0
+    errors: int = 0
+    bandwidth: float | None = None  # recent write bandwidth while busy (bytes/s, moving average)
+    in_flight: int = 0  # drain writes in flight now
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if seconds > 0 and nbytes >= 1 << 20:
+            bw = nbytes / seconds
+            self.bandwidth = bw if self.bandwidth is None else 0.7 * self.bandwidth + 0.3 * bw
+
+
+@dataclass(frozen=True)
+class FileState:
+    """A file that is not durable: its state and how much of it is on a device."""
+    ino: int
+    state: str  # memory, draining, failed
+    errno: int | None = None  # why it failed
+    size: int = 0  # the file's size now
+    bytes: int = 0  # bytes that must reach the devices for it to be durable
+    drained: int = 0  # of those, already on a device
+
+    @property
+    def xattr(self) -> str:
+        """The value ``user.ckptfs.state`` gives for this file."""
+        if self.state == FAILED:
+            return f"{FAILED}:{errno.errorcode.get(self.errno, self.errno)}"
+        return self.state
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    index: int
+    path: str
+    capacity: int
+    used: int
+    bytes_written: int
+    bytes_read: int
+    writes: int
+    reads: int
+    errors: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """One consistent reading of the store (`Store.statistics()`), for status, metrics and the xattr.
+
+    INVARIANT: bytes_absorbed == bytes_drained + bytes_skipped + bytes_in_memory.
+    """
+    chunk_size: int
+    bytes_absorbed: int
+    bytes_drained: int  # absorbed bytes whose chunk reached a device
+    bytes_skipped: int  # absorbed bytes dropped before they were drained (stale)
+    bytes_in_memory: int  # absorbed bytes neither drained nor skipped yet
+    arena: int
+    arena_used: int
+    arena_cached: int  # on a device too, kept for reads (evictable)
+    arena_free: int
+    devices: tuple[DeviceSnapshot, ...]
+    files: dict  # ino -> FileState of every file not durable
+    records_pending: int
+    records_voided: int
+    lag: float
+    max_lag: float
+    oldest_closed: tuple[int, float] | None
+    last_error: str | None
+    recovery: dict
+
+    @property
+    def arena_undrained(self) -> int:
+        return max(0, self.arena_used - self.arena_cached)
+
+    @property
+    def all_durable(self) -> bool:
+        return not self.files and not self.records_pending
+
+
+class Store:
+    def __init__(self, arena: Arena, devices: list[BlockDevice], sbs: list[Superblock],
+                 durable: DurableState, *, half: int, tail: int, seq: int, queue_depth: int = 8,
+                 fsync_absorb: bool = False, drain_policy: str = "absorb-first",
+                 max_lag: float = DEFAULT_MAX_LAG, anchor_gen: int = 0, recovery: dict | None = None):
+        self.arena = arena
+        self.chunk_size = arena.chunk_size
+        self.devices = devices
+        self.sbs = sbs
+        self.durable = durable
+        self.alloc = durable.alloc
+        self.recovery = recovery or {}  # how this mount started (pool.Recovered.report)
+        self.fsync_absorb = fsync_absorb
+        self.max_lag = max_lag
+        self.ns: Namespace | None = None  # the live namespace, set by attach()
+        self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
+        self.stats = [DeviceStats() for _ in devices]
+        self.log = CommitLog(max_lag=max_lag, alive=self._alive)
+        self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
+        self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
+        self.unsealed: OrderedDict[int, Chunk] = OrderedDict()  # partial chunks, not queued yet
+        self.lru: OrderedDict[int, Chunk] = OrderedDict()  # drained chunks holding a slot
+        self.dirty_inodes: set[int] = set()  # changed since their last commit
+        self.errors: dict[int, int] = {}  # ino -> errno of a failed drain, until its next commit
+        self.last_error: str | None = None
+        self.sync_waiters = 0
+        self.progress = trio.lowlevel.ParkingLot()  # drains, commits, frees
+        self.bytes_absorbed = 0
+        self.bytes_drained = 0
+        self.bytes_skipped = 0
+        self.on_commit: list = []  # callables(batch) after each journal commit (monitor.py)
+
+    def attach(self, ns: Namespace) -> None:
+        self.ns = ns
+
+    def _alive(self, ino: int) -> bool:
+        inode = self.ns.inodes.get(ino) if self.ns is not None else None
+        return inode is not None and inode.nlink > 0
+
+    # ---- ChunkOwner --------------------------------------------------------
+    def alloc_slot(self) -> int:
+        try:
+            return self.arena.alloc_nowait()
+        except NoSpace:
+            pass
+        while self.lru:
+            _, chunk = self.lru.popitem(last=False)
+            if chunk.slot is not None and chunk.drained:
+                slot, chunk.slot = chunk.slot, None
+                return slot
+        # nothing clean to evict: let partial chunks drain too, then the caller waits
+        self.drainer.open_gate()
+        for key, chunk in list(self.unsealed.items()):
+            del self.unsealed[key]
+            self.drainer.queue(chunk)
+        raise NoSpace("memory arena is full of data not yet on the devices")
+
+    def view(self, slot: int) -> memoryview:
+        return self.arena.view(slot)
+
+    def undrained(self) -> int:
+        """Chunks that will need a device unit: waiting to drain, or draining now."""
+        return len(self.unsealed) + self.drainer.queued() + self.drainer.in_flight
+
+    def reserve(self) -> None:
+        if self.alloc.free_units() <= self.undrained():
+            raise DevicesFull("no space left on the devices")
+
+    def chunk_changed(self, chunk: Chunk) -> None:
+        key = id(chunk)
+        self.lru.pop(key, None)
+        if chunk.extent is not None:
+            self.alloc.release(chunk.extent.dev, chunk.extent.unit)
+            chunk.extent = None
+            chunk.extent_gen = -1
+        if chunk.hwm >= self.chunk_size:
+            self.unsealed.pop(key, None)
+            self.drainer.queue(chunk)
+        elif not chunk.queued:
+            self.unsealed[key] = chunk
+
+    def chunk_dropped(self, chunk: Chunk) -> None:
+        chunk.live = False
+        self.unsealed.pop(id(chunk), None)
+        if chunk.pins == 0:
+            self._discard(chunk)
+
+    def read_ahead(self, data, idx: int) -> None:
+        """A read reached chunk `idx`: load the next chunks from the devices before they are asked for."""
+        self.drainer.read_ahead(data, idx)
+
+    def _discard(self, chunk: Chunk) -> None:
+        key = id(chunk)
+        self.lru.pop(key, None)
+        self.unsealed.pop(key, None)
+        self.drainer.unqueue(chunk)  # never drain it: its bytes are stale
+        self.bytes_skipped += chunk.absorbed
+        chunk.absorbed = 0
+        if chunk.slot is not None and not chunk.busy:
+            self.arena.free(chunk.slot)
+            chunk.slot = None
+        if chunk.extent is not None:
+            self.alloc.release(chunk.extent.dev, chunk.extent.unit)
+            chunk.extent = None
+        self.wake()
+
+    def _unpin(self, chunks) -> None:
+        for chunk in chunks:
+            chunk.pins -= 1
+            if chunk.pins == 0 and not chunk.live:
+                self._discard(chunk)
+
+    # ---- DrainHost -----------------------------------------------------------
+    def pressing(self) -> bool:
+        """Something needs the drain now: memory half full, someone waiting, or a commit past max_lag."""
+        return bool(self.sync_waiters or self.arena.free_slots * 2 <= self.arena.nslots or self.log.overdue())
+
+    def drained(self, chunk: Chunk, extent: Extent) -> None:
+        chunk.extent = extent
+        chunk.extent_gen = chunk.gen
+        self.bytes_drained += chunk.absorbed
+        chunk.absorbed = 0
+        self.errors.pop(chunk.ino, None)
+        if chunk.slot is not None:
+            self.lru[id(chunk)] = chunk
+
+    def stale_copy(self, chunk: Chunk, nbytes: int) -> None:
+        """A written copy went stale (the chunk changed or was dropped meanwhile): its device bytes
+        count as written, its absorbed bytes stay with the chunk (drained or skipped later)."""
+
+    def wrote(self, dev: int) -> None:
+        self.committer.wrote(dev)
+        if self.last_error and not self.drainer.queued():
+            self.last_error = None  # a drain write went through and nothing waits to be retried
+
+    def cached(self, chunk: Chunk) -> None:
+        self.lru[id(chunk)] = chunk
+
+    def evictable(self) -> int:
+        return len(self.lru)
+
+    def wake(self) -> None:
+        """Something moved (a drain, a commit, a free): waiters look again, the committer too."""
+        self.progress.unpark_all()
+        self.committer.wake()
+
+    async def retry_later(self, error: FsError, inos=(), what: str = "") -> None:
+        """The one retry policy of drain and journal failures: say so (log, last_error, the files'
+        state: failed with the error's errno), let waiters see it, then wait RETRY_DELAY before
+        the caller tries again. `what` says what failed, before the error's own message."""
+        message = f"{what}: {error}" if what else str(error)
+        log.error("%s; will retry", message)
+        self.last_error = message
+        for ino in inos:
+            self.errors[ino] = error.errno
+        self.progress.unpark_all()
+        await trio.sleep(RETRY_DELAY)
+
+    # ---- CommitHost ------------------------------------------------------------
+    def committed(self, batch: list[Pending]) -> None:
+        self._unpin(self.log.committed_batch(batch))
+        for p in batch:
+            if p.is_content and not p.void:
+                self.errors.pop(p.ino, None)
+        for hook in self.on_commit:
+            hook(batch)
+        self.wake()
+
+    # ---- Durability --------------------------------------------------------
+    def record(self, rec: tuple) -> None:
+        self._unpin(self.log.record(rec))
+        self.committer.wake()
+
+    def dirtied(self, inode: Inode) -> None:
+        self.dirty_inodes.add(inode.ino)
+        self.drainer.note_write()
+
+    def closed(self, inode: Inode) -> None:
+        if inode.ino not in self.dirty_inodes or inode.nlink == 0:
+            self.dirty_inodes.discard(inode.ino)  # unlinked: nothing of it survives a crash anyway
+            self.log.flush_deferred(inode.ino)
+            self.committer.wake()
+            return
+        self.dirty_inodes.discard(inode.ino)
+        cs = self.chunk_size
+        snap = {}
+        for idx, c in inode.data.chunks.items():
+            if c.hwm and idx * cs < inode.size:
+                snap[idx] = c
+                c.pins += 1
+                self.unsealed.pop(id(c), None)
+                self.drainer.queue(c)
+        self._unpin(self.log.close(inode.ino, inode.size, inode.mtime_ns, inode.ctime_ns, snap))
+        self.committer.wake()
+
+    def usage(self) -> tuple[int, int]:
+        return self.capacity_bytes(), self.used_bytes()
+
+    def absorbed(self, nbytes: int) -> None:
+        """A write put `nbytes` into the arena (the facade's counter hook)."""
+        self.bytes_absorbed += nbytes
+
+    # ---- waiting -------------------------------------------------------------
+    async def wait_for_room(self, devices_full: bool = False) -> bool:
+        """Wait until the arena may have a free slot; False when it never will (devices full)."""
+        if devices_full:
+            # a delete still on its way to the journal may free device space: give it a moment
+            free, pending = self.alloc.free_units(), len(self.log.pending)
+            if not pending:
+                return False
+            with trio.move_on_after(2):
+                while self.alloc.free_units() <= free and len(self.log.pending) >= pending:
+                    await self.progress.park()
+            return self.alloc.free_units() > free or len(self.log.pending) < pending
+        if self.arena.free_slots or self.lru:
+            return True
+        queued = self.drainer.queued()
+        if not self.alloc.free_units() and not queued:
+            return False
+        if self.last_error and not queued and not self.unsealed:
+            raise StoreFailing(self.last_error)
+        await self.progress.park()
+        return True
+
+    async def sync(self, ino: int | None = None) -> None:
+        """fsync(ino) / syncfs (ino None): return once the data and all records before it are durable."""
+        if ino is None:
+            for i in list(self.log.deferred):
+                self.log.flush_deferred(i)
+            for i in list(self.dirty_inodes):
+                inode = self.ns.inodes.get(i)
+                if inode is not None:
+                    self.closed(inode)
+        else:
+            inode = self.ns.inodes.get(ino)
+            if inode is not None:
+                self.closed(inode)
+        self.committer.wake()
+        if self.fsync_absorb:
+            return
+        target = self.log.last_index()
+        log.debug("sync(%s): waiting for record %d (committed %d)", ino, target, self.log.committed)
+        self.sync_waiters += 1
+        self.drainer.open_gate()  # someone waits: drain at full speed
+        try:
+            while self.log.committed < target:
+                if ino is not None and ino in self.errors:
+                    raise fs_error(self.errors[ino], f"data of inode {ino} could not be written")
+                if ino is None and self.last_error:
+                    raise StoreFailing(self.last_error)
+                await self.progress.park()
+        finally:
+            self.sync_waiters -= 1
+        if ino is not None and ino in self.errors:
+            raise fs_error(self.errors.pop(ino))
+
+    # ---- tasks -----------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The background tasks: the drain (workers, gate, ticker) and the journal writer."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.drainer.run)
+            nursery.start_soon(self.committer.run)
+            task_status.started()
+
+    async def fetch(self, chunks: list[Chunk]) -> None:
+        await self.drainer.fetch(chunks)
+
+    async def compact(self) -> None:
+        await self.committer.compact()
+
+    # ---- lifecycle -------------------------------------------------------------
+    async def drain_all(self) -> None:
+        """Commit every changed file and wait until everything is on the devices."""
+        await self.sync(None)
+        while self.log.pending:
+            await self.progress.park()
+
+    async def close_clean(self) -> None:
+        """After drain_all: mark the journal closed cleanly (docs/FORMAT.md, journal anchor)."""
+        await self.committer.write_anchor(clean=True)
+
+    def close(self) -> None:
+        for d in self.devices:
+            d.close()
+
+    # ---- accounting ------------------------------------------------------------
+    def lag(self) -> float:
+        return self.log.lag()
+
+    def oldest_closed(self) -> tuple[int, float] | None:
+        return self.log.oldest_closed()
+
+    def file_states(self) -> dict[int, FileState]:
+        """Every inode that is not durable, with its state and drain progress (one pass)."""
+        content = self.log.content_pending()
+        made = self.log.made_pending()
+        inos = set(self.errors) | self.dirty_inodes | set(self.log.deferred) | set(content) | made
+        out = {}
+        for ino in inos:
+            st = self._file_state(ino, content, made)
+            if st is not None:
+                out[ino] = st
+        return out
+
+    def state(self, ino: int) -> str:
+        """memory (changed since its last commit, or never closed), draining (committed by a
+        close or fsync, on its way to the devices), durable, or failed:ERRNO."""
+        st = self._file_state(ino, self.log.content_pending(), self.log.made_pending())
+        return DURABLE if st is None else st.xattr
+
+    def _file_state(self, ino: int, content: dict, made: set) -> FileState | None:
+        """`ino`'s state, None when it is durable (or gone: nothing of it can become durable)."""
+        inode = self.ns.inodes.get(ino) if self.ns is not None else None
+        if self.ns is not None and inode is None:
+            return None
+        if ino in self.errors:
+            state, code = FAILED, self.errors[ino]
+        elif ino in self.dirty_inodes or ino in self.log.deferred:
+            state, code = MEMORY, None
+        elif ino in content or ino in made:
+            state, code = DRAINING, None
+        else:
+            return None
+        seen: set[int] = set()
+        total = done = 0
+        chunk_sets = [p.chunks.values() for p in content.get(ino, ())]
+        if inode is not None and state != DRAINING and inode.data is not None:
+            chunk_sets.append(inode.data.chunks.values())  # not committed yet: what it holds now
+        for chunks in chunk_sets:
+            for c in chunks:
+                if id(c) not in seen:
+                    seen.add(id(c))
+                    total += c.hwm
+                    done += c.hwm if c.drained else 0
+        return FileState(ino, state, code, inode.size if inode is not None else 0, total, done)
+
+    def statistics(self) -> StoreStats:
+        """A frozen snapshot of everything status, metrics and the state xattr report."""
+        cs = self.chunk_size
+        in_memory = sum(c.absorbed for c in self._chunks())
+        cached = sum(1 for c in self.lru.values() if c.slot is not None)
+        devices = tuple(DeviceSnapshot(d, str(dev.path), self.alloc.units[d] * cs,
+                                       (self.alloc.units[d] - self.alloc.free_units(d)) * cs,
+                                       s.bytes_written, s.bytes_read, s.writes, s.reads, s.errors)
+                        for d, (dev, s) in enumerate(zip(self.devices, self.stats)))
+        return StoreStats(
+            chunk_size=cs, bytes_absorbed=self.bytes_absorbed, bytes_drained=self.bytes_drained,
+            bytes_skipped=self.bytes_skipped, bytes_in_memory=in_memory,
+            arena=self.arena.capacity, arena_used=self.arena.used_slots * cs, arena_cached=cached * cs,
+            arena_free=self.arena.free_slots * cs, devices=devices, files=self.file_states(),
+            records_pending=len(self.log.pending), records_voided=self.log.records_voided,
+            lag=self.log.lag(), max_lag=self.max_lag, oldest_closed=self.log.oldest_closed(),
+            last_error=self.last_error, recovery=dict(self.recovery))
+
+    def _chunks(self):
+        """Every chunk that may hold absorbed bytes: the live files' and those pinned by commits."""
+        seen: set[int] = set()
+        if self.ns is not None:
+            for inode in self.ns.inodes.values():
+                if inode.data is not None:
+                    for c in inode.data.chunks.values():
+                        seen.add(id(c))
+                        yield c
+        for p in self.log.pending:
+            for c in p.chunks.values():
+                if id(c) not in seen:
+                    seen.add(id(c))
+                    yield c
+
+    def used_bytes(self) -> int:
+        return self.alloc.used_units() * self.chunk_size
+
+    def capacity_bytes(self) -> int:
+        return sum(self.alloc.units) * self.chunk_size
+
+    def undrained_bytes(self) -> int:
+        return self.drainer.queued_bytes() + sum(c.hwm for c in self.unsealed.values())
