@@ -231,10 +231,7 @@ class Filesystem:
             self.durability.closed(inode)
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
-        value = self.ns.get(ino).xattrs.get(name)
-        if value is None:
-            raise fs_error(errno.ENODATA)
-        return value
+        return self.ns.getxattr(ino, name)
 
     def listxattr(self, ino: int) -> list[bytes]:
         return list(self.ns.get(ino).xattrs)

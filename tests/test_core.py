@@ -237,6 +237,37 @@ def test_namespace_create_lookup_unlink(ns):
     assert errno_of(ns.unlink, ROOT_INO, b"f") == errno.ENOENT
 
 
+def test_namespace_long_names_are_enametoolong_not_enoent(ns):
+    """A name over 255 bytes cannot exist: looking it up says so, whatever the operation (as ext4)."""
+    d = mk(ns, ROOT_INO, b"d", DIR)
+    f = mk(ns, ROOT_INO, b"f")
+    mk(ns, ROOT_INO, b"n" * 255)  # the longest name there can be
+    long = b"n" * 256
+    assert errno_of(ns.lookup, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.unlink, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rmdir, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, long, ROOT_INO, b"g") == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, b"f", ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, b"missing", ROOT_INO, long) == errno.ENOENT  # source first
+    assert errno_of(ns.link, f.ino, d.ino, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.make, ROOT_INO, b"x" * 1024, DIR, 0, 0) == errno.ENAMETOOLONG
+    assert errno_of(ns.lookup, f.ino, long) == errno.ENOTDIR  # the parent is checked first
+    assert errno_of(ns.lookup, ROOT_INO, b"n" * 254) == errno.ENOENT
+    assert ns.lookup(ROOT_INO, b"n" * 255).nlink == 1
+
+
+def test_namespace_xattr_name_and_value_limits(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    ns.setxattr(f.ino, b"u" * 255, b"v" * 65536)
+    assert ns.getxattr(f.ino, b"u" * 255) == b"v" * 65536
+    for op, args in ((ns.setxattr, (b"v",)), (ns.getxattr, ()), (ns.removexattr, ())):
+        assert errno_of(op, f.ino, b"u" * 256, *args) == errno.ERANGE
+        assert errno_of(op, f.ino, b"", *args) == errno.ERANGE
+    assert errno_of(ns.setxattr, f.ino, b"user.big", bytes(65537)) == errno.E2BIG
+    ns.removexattr(f.ino, b"u" * 255)
+    assert f.xattrs == {}
+
+
 def test_namespace_dirs_nlink_and_rmdir(ns):
     d = mk(ns, ROOT_INO, b"d", DIR)
     root = ns.get(ROOT_INO)
