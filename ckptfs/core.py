@@ -205,11 +205,13 @@ class Filesystem:
     # ---- attributes ----------------------------------------------------
     def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
                 gid: int | None = None, size: int | None = None, atime_ns: int | None = None,
-                mtime_ns: int | None = None) -> Inode:
+                mtime_ns: int | None = None, ctime: bool = False) -> Inode:
+        """Change what is given; every change moves ctime. `ctime` (the kernel's ATTR_CTIME)
+        moves it even when nothing else changes: chown(path, -1, -1) does, as on ext4."""
         inode = self.ns.get(ino)
         if size is not None:
             self.truncate(inode, size)
-        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
+        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)) or (ctime and size is None):
             self.ns.setattr(ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         return inode
 

@@ -623,6 +623,17 @@ def test_fs_setattr_metadata(fs):
     fs.release(fh)
 
 
+def test_fs_setattr_with_only_ctime_moves_ctime(fs):
+    """chown(path, -1, -1) changes nothing but ctime (the kernel sends ATTR_CTIME alone), as on ext4."""
+    fh, inode = create(fs, b"f")
+    inode.ctime_ns = 5
+    fs.setattr(inode.ino)
+    assert inode.ctime_ns == 5  # nothing asked, nothing moves
+    fs.setattr(inode.ino, ctime=True)
+    assert inode.ctime_ns > 5 and stat.S_IMODE(inode.mode) == 0o644
+    fs.release(fh)
+
+
 def test_fs_setgid_directory_passes_on_its_group(fs):
     d = fs.mkdir(ROOT_INO, b"d", 0o2775, 0, 1234)
     assert d.mode & stat.S_ISGID and d.gid == 1234
