@@ -161,6 +161,11 @@ class Filesystem:
             raise fs_error(errno.ENAMETOOLONG)
         return self._make(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=bytes(target))
 
+    @staticmethod
+    def blocks(inode: Inode) -> int:
+        """st_blocks: 512-byte units of the 4 KiB blocks the file's data holds (holes excluded)."""
+        return inode.data.allocated_bytes // 512 if inode.data is not None else 0
+
     def readlink(self, ino: int) -> bytes:
         inode = self.ns.get(ino)
         if not stat.S_ISLNK(inode.mode):

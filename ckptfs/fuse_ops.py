@@ -90,7 +90,7 @@ class Operations(pyfuse3.Operations):
         a.st_rdev = inode.rdev
         a.st_size = inode.size
         a.st_blksize = self.fs.arena.chunk_size
-        a.st_blocks = (inode.data.allocated_bytes // 512) if inode.data is not None else 0
+        a.st_blocks = self.fs.blocks(inode)
         a.st_atime_ns = inode.atime_ns
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns

@@ -123,6 +123,21 @@ def test_filemap_one_byte_at_a_time(arena):
     assert b"".join(bytes(fd.read(i, 1, len(data))) for i in range(len(data))) == data
 
 
+def test_filemap_allocated_bytes_are_the_4k_blocks_held():
+    """st_blocks as ext4 counts it: written bytes rounded up to 4 KiB, per chunk; holes count nothing."""
+    a = Arena(8 * (64 << 10), 64 << 10, prefault=False)
+    fd = FileData(a)
+    assert fd.allocated_bytes == 0
+    fd.write(0, b"x" * 210 * 1024)  # 210 KiB over four 64 KiB chunks
+    assert fd.allocated_bytes == 212 * 1024
+    fd.write(7 * (64 << 10) + 1, b"y")  # one byte far out: one more block, the hole is free
+    assert fd.allocated_bytes == 216 * 1024
+    fd.truncate(4096)
+    assert fd.allocated_bytes == 4096
+    fd.clear()
+    a.close()
+
+
 def test_filemap_holes_read_as_zeros(arena):
     fd = FileData(arena)
     fd.write(10 * CS + 5, b"tail")
