@@ -210,13 +210,14 @@ class Filesystem:
     # ---- attributes ----------------------------------------------------
     def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
                 gid: int | None = None, size: int | None = None, atime_ns: int | None = None,
-                mtime_ns: int | None = None, ctime: bool = False) -> Inode:
-        """Change what is given; every change moves ctime. `ctime` (the kernel's ATTR_CTIME)
-        moves it even when nothing else changes: chown(path, -1, -1) does, as on ext4."""
+                mtime_ns: int | None = None) -> Inode:
+        """Change what is given, and move ctime even when nothing is given: every attribute
+        call moves it on Linux (chown(path, -1, -1) too, as on ext4; FUSE forwards that as a
+        SETATTR with no fields, its ATTR_CTIME only with the writeback cache)."""
         inode = self.ns.get(ino)
         if size is not None:
             self.truncate(inode, size)
-        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)) or (ctime and size is None):
+        if size is None or any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
             self.ns.setattr(ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         return inode
 

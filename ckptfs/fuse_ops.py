@@ -120,8 +120,6 @@ class Operations(pyfuse3.Operations):
             kw["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             kw["mtime_ns"] = attr.st_mtime_ns
-        if fields.update_ctime:
-            kw["ctime"] = True
         while True:
             try:
                 return self._attr(self.fs.setattr(inode, **kw))
