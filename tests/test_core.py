@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ckptfs.arena import Arena
-from ckptfs.core import Filesystem
+from ckptfs.core import Filesystem, setid_bits_to_drop
+from ckptfs.creds import Caller, caller
 from ckptfs.errors import FsError, NoSpace, UsageError
 from ckptfs.filemap import FileData
 from ckptfs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, Namespace
@@ -645,6 +646,73 @@ def test_fs_setattr_of_nothing_moves_ctime(fs):
     fs.setattr(inode.ino)
     assert inode.ctime_ns > 5 and inode.mtime_ns == 5 and stat.S_IMODE(inode.mode) == 0o644
     fs.release(fh)
+
+
+NOBODY = Caller(65534, 65534)
+ROOT = Caller(0, 0, fsetid=True)
+
+
+@pytest.mark.parametrize("mode, gid, caller, dropped", [
+    (0o4777, 0, NOBODY, 0o4000),
+    (0o2777, 0, NOBODY, 0o2000),
+    (0o6777, 0, NOBODY, 0o6000),
+    (0o2767, 0, NOBODY, 0o2000),  # not in the group: goes even without group-execute
+    (0o2767, 65534, NOBODY, 0),  # in the group, no group-execute: stays
+    (0o2767, 7, Caller(65534, 65534, frozenset({7})), 0),  # a supplementary group counts
+    (0o2777, 65534, NOBODY, 0o2000),  # group-execute: goes whoever writes
+    (0o6777, 0, ROOT, 0),  # CAP_FSETID keeps both
+    (0o6777, 0, Caller(0, 0), 0o6000),  # uid 0 without CAP_FSETID does not
+    (0o6777, 0, None, 0),  # the filesystem itself
+    (0o0777, 0, NOBODY, 0),
+])
+def test_setid_bits_to_drop_follows_linux(mode, gid, caller, dropped):
+    assert setid_bits_to_drop(stat.S_IFREG | mode, gid, caller) == dropped
+    assert setid_bits_to_drop(stat.S_IFDIR | mode, gid, caller) == 0  # regular files only
+
+
+def test_creds_caller_reads_capabilities_and_groups_from_proc():
+    me = caller(os.getuid(), os.getgid(), os.getpid())
+    assert me.groups == frozenset(os.getgroups())
+    with open("/proc/self/status") as f:
+        cap_eff = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+    assert me.fsetid == bool(cap_eff & (1 << 4))
+    assert caller(0, 0, 0) == Caller(0, 0, frozenset(), True)  # no process to ask: uid 0 counts
+    assert caller(5, 6, 0) == Caller(5, 6, frozenset(), False)
+    assert caller(5, 6, 1 << 30).fsetid is False  # gone
+
+
+def test_fs_unprivileged_write_truncate_and_o_trunc_clear_setid_bits():
+    seen = []
+    a = Arena(32 * CS, CS, prefault=False)
+    fs = Filesystem(a, capacity_bytes=1 << 30)
+    fs.ns.observer = lambda op, *args: seen.append((op, *args))
+    fh, f = create(fs, b"f")
+    fs.write(fh, 0, b"data")
+    fs.release(fh)
+    fs.setattr(f.ino, mode=0o6777)
+    ro = fs.open(f.ino, os.O_RDONLY, NOBODY).fh
+    w = fs.open(f.ino, os.O_WRONLY, NOBODY).fh
+    assert stat.S_IMODE(f.mode) == 0o6777  # opening alone changes nothing
+    seen.clear()
+    before = f.ctime_ns
+    fs.write(w, 0, b"D")
+    assert stat.S_IMODE(f.mode) == 0o777 and f.ctime_ns > before
+    assert [r[:3] for r in seen] == [("setattr", f.ino, 0o777)]  # journaled like a chmod
+    fs.setattr(f.ino, mode=0o4777)  # put back while the writer is open: its next write clears again
+    fs.write(w, 1, b"A")
+    assert stat.S_IMODE(f.mode) == 0o777
+    fs.release(w)
+    fs.release(ro)
+    fs.setattr(f.ino, mode=0o6777)
+    fs.release(fs.open(f.ino, os.O_WRONLY | os.O_TRUNC, ROOT).fh)
+    assert stat.S_IMODE(f.mode) == 0o6777  # CAP_FSETID keeps them
+    fs.release(fs.open(f.ino, os.O_WRONLY | os.O_TRUNC, NOBODY).fh)  # empty already: still cleared
+    assert stat.S_IMODE(f.mode) == 0o777
+    fs.setattr(f.ino, mode=0o6766)
+    fs.setattr(f.ino, size=1, mode=0o2766, caller=NOBODY)  # FUSE's own rule left the set-group-ID bit
+    assert stat.S_IMODE(f.mode) == 0o766 and f.size == 1
+    fs.check_invariants()
+    a.close()
 
 
 def test_fs_setgid_directory_passes_on_its_group(fs):
