@@ -241,7 +241,9 @@ class Filesystem:
                 mtime_ns: int | None = None, caller: Caller | None = None) -> Inode:
         """Change what is given, and move ctime even when nothing is given: every attribute
         call moves it on Linux (chown(path, -1, -1) too, as on ext4; FUSE forwards that as a
-        SETATTR with no fields, its ATTR_CTIME only with the writeback cache). A size change by `caller` clears setid bits as a write does, also from the mode the
+        SETATTR with no fields, its ATTR_CTIME only with the writeback cache).
+
+        A size change by `caller` clears setid bits as a write does, also from the mode the
         kernel sends along (FUSE's own rule keeps a set-group-ID bit without group-execute)."""
         inode = self.ns.get(ino)
         if size is not None:
