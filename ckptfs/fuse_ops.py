@@ -4,6 +4,10 @@ Each handler converts arguments, calls the core, converts the result. Errors
 go through `_guard`: `FsError` becomes `FUSEError(errno)`; anything else is
 logged and becomes EIO, so no request can tear the mount down.
 
+Credentials: open, create and truncate pass the caller (`creds.caller`, its
+capabilities and groups read from /proc) to the core, which decides from it
+whether a write clears set-user-ID bits; pyfuse3's write carries none.
+
 Writes: the core raises NoSpace when the arena has no free slot. The
 `wait_for_room` hook decides what that means: by default the write fails
 with ENOSPC; the durable store waits there for the drain (backpressure).
@@ -24,6 +28,7 @@ from typing import Awaitable, Callable
 import pyfuse3
 
 from .core import Filesystem
+from .creds import caller
 from .errors import DevicesFull, NoSpace, errno_of, fs_error
 from .filemap import NeedsFetch
 from .namespace import Inode
@@ -90,7 +95,7 @@ class Operations(pyfuse3.Operations):
         a.st_rdev = inode.rdev
         a.st_size = inode.size
         a.st_blksize = self.fs.arena.chunk_size
-        a.st_blocks = (inode.data.allocated_bytes // 512) if inode.data is not None else 0
+        a.st_blocks = self.fs.blocks(inode)
         a.st_atime_ns = inode.atime_ns
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns
@@ -120,6 +125,8 @@ class Operations(pyfuse3.Operations):
             kw["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             kw["mtime_ns"] = attr.st_mtime_ns
+        if fields.update_size:
+            kw["caller"] = caller(ctx.uid, ctx.gid, ctx.pid)
         while True:
             try:
                 return self._attr(self.fs.setattr(inode, **kw))
@@ -191,11 +198,12 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode, flags, ctx):
-        return self._file_info(self.fs.open(inode, flags))
+        return self._file_info(self.fs.open(inode, flags, caller(ctx.uid, ctx.gid, ctx.pid)))
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
-        r, inode = self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        r, inode = self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
+                                  caller(ctx.uid, ctx.gid, ctx.pid))
         return self._file_info(r), self._attr(inode)
 
     @_guard
