@@ -15,7 +15,7 @@ for arg in "$@"; do
     *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
   esac
 done
-PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv e2fsprogs util-linux"
+PKGS="fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv e2fsprogs util-linux attr"
 [ "$BENCH" = 1 ] && PKGS="$PKGS g++ libaio-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

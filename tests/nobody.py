@@ -1,6 +1,10 @@
-"""Run Python as the unprivileged user `nobody` (tests of who may use the control channel).
+"""Run Python as the unprivileged user `nobody` (tests of who may use the control channel,
+of what an unprivileged writer may do).
 
-The test interpreter may live where nobody cannot reach it (a pyenv build
+`as_user(fn, *args)` runs fn in a forked child that has become uid/gid 65534
+(no capabilities, no supplementary groups) and hands back its result, or
+raises the OSError it raised. The other helpers run a fresh interpreter as
+nobody. The test interpreter may live where nobody cannot reach it (a pyenv build
 under /root), so this looks for one nobody can run: the system python3 of
 the same minor version first. `cli_env()` points its imports at this
 checkout and the venv's pure-Python packages, when nobody can read them.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import subprocess
 import sys
 import sysconfig
@@ -58,3 +63,43 @@ def cli_env() -> dict | None:
 
 def run(args: list[str], env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     return _run([python(), *args], env=env, cwd="/", **kw)
+
+
+def as_user(fn, *args, uid: int = NOBODY, gid: int = NOBODY, groups: tuple[int, ...] = ()):
+    """fn(*args) in a forked child running as `uid`/`gid` with `groups` (and so, unless uid is 0,
+    without capabilities); returns what fn returned, or raises an OSError with its errno."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        try:
+            os.close(r)
+            try:
+                os.setgroups(list(groups))
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+                out = ("ok", fn(*args))
+            except OSError as e:
+                out = ("err", e.errno)
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                out = ("exc", repr(e))
+            data = pickle.dumps(out)
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    with os.fdopen(r, "rb") as f:
+        chunks.append(f.read())
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "err":
+        raise OSError(value, os.strerror(value))
+    if kind == "exc":
+        raise AssertionError(f"as uid {uid}: {value}")
+    return value
+
+
+def as_nobody(fn, *args):
+    return as_user(fn, *args)
+

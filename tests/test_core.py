@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ckptfs.fs.arena import Arena
-from ckptfs.fs.core import Filesystem
+from ckptfs.fs.core import Filesystem, setid_bits_to_drop
+from ckptfs.fs.creds import Caller, caller
 from ckptfs.errors import FsError, NoSpace, UsageError
 from ckptfs.fs.filemap import FileData
 from ckptfs.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, Namespace
@@ -121,6 +122,21 @@ def test_filemap_one_byte_at_a_time(arena):
     assert len(fd.chunks) == 4
     # and read back one byte at a time
     assert b"".join(bytes(fd.read(i, 1, len(data))) for i in range(len(data))) == data
+
+
+def test_filemap_allocated_bytes_are_the_4k_blocks_held():
+    """st_blocks as ext4 counts it: written bytes rounded up to 4 KiB, per chunk; holes count nothing."""
+    a = Arena(8 * (64 << 10), 64 << 10, prefault=False)
+    fd = FileData(a)
+    assert fd.allocated_bytes == 0
+    fd.write(0, b"x" * 210 * 1024)  # 210 KiB over four 64 KiB chunks
+    assert fd.allocated_bytes == 212 * 1024
+    fd.write(7 * (64 << 10) + 1, b"y")  # one byte far out: one more block, the hole is free
+    assert fd.allocated_bytes == 216 * 1024
+    fd.truncate(4096)
+    assert fd.allocated_bytes == 4096
+    fd.clear()
+    a.close()
 
 
 def test_filemap_holes_read_as_zeros(arena):
@@ -235,6 +251,37 @@ def test_namespace_create_lookup_unlink(ns):
     ns.forget(f.ino, 2)
     assert f.ino not in ns.inodes and ns.dropped == [f]
     assert errno_of(ns.unlink, ROOT_INO, b"f") == errno.ENOENT
+
+
+def test_namespace_long_names_are_enametoolong_not_enoent(ns):
+    """A name over 255 bytes cannot exist: looking it up says so, whatever the operation (as ext4)."""
+    d = mk(ns, ROOT_INO, b"d", DIR)
+    f = mk(ns, ROOT_INO, b"f")
+    mk(ns, ROOT_INO, b"n" * 255)  # the longest name there can be
+    long = b"n" * 256
+    assert errno_of(ns.lookup, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.unlink, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rmdir, ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, long, ROOT_INO, b"g") == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, b"f", ROOT_INO, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.rename, ROOT_INO, b"missing", ROOT_INO, long) == errno.ENOENT  # source first
+    assert errno_of(ns.link, f.ino, d.ino, long) == errno.ENAMETOOLONG
+    assert errno_of(ns.make, ROOT_INO, b"x" * 1024, DIR, 0, 0) == errno.ENAMETOOLONG
+    assert errno_of(ns.lookup, f.ino, long) == errno.ENOTDIR  # the parent is checked first
+    assert errno_of(ns.lookup, ROOT_INO, b"n" * 254) == errno.ENOENT
+    assert ns.lookup(ROOT_INO, b"n" * 255).nlink == 1
+
+
+def test_namespace_xattr_name_and_value_limits(ns):
+    f = mk(ns, ROOT_INO, b"f")
+    ns.setxattr(f.ino, b"u" * 255, b"v" * 65536)
+    assert ns.getxattr(f.ino, b"u" * 255) == b"v" * 65536
+    for op, args in ((ns.setxattr, (b"v",)), (ns.getxattr, ()), (ns.removexattr, ())):
+        assert errno_of(op, f.ino, b"u" * 256, *args) == errno.ERANGE
+        assert errno_of(op, f.ino, b"", *args) == errno.ERANGE
+    assert errno_of(ns.setxattr, f.ino, b"user.big", bytes(65537)) == errno.E2BIG
+    ns.removexattr(f.ino, b"u" * 255)
+    assert f.xattrs == {}
 
 
 def test_namespace_dirs_nlink_and_rmdir(ns):
@@ -590,6 +637,82 @@ def test_fs_setattr_metadata(fs):
     assert stat.S_ISREG(inode.mode) and stat.S_IMODE(inode.mode) == 0o4700
     assert (inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns) == (5, 6, 123, 456_000_000_789)
     fs.release(fh)
+
+
+def test_fs_setattr_of_nothing_moves_ctime(fs):
+    """chown(path, -1, -1) reaches the core as a setattr of nothing: it moves ctime, as on ext4."""
+    fh, inode = create(fs, b"f")
+    inode.ctime_ns = inode.mtime_ns = 5
+    fs.setattr(inode.ino)
+    assert inode.ctime_ns > 5 and inode.mtime_ns == 5 and stat.S_IMODE(inode.mode) == 0o644
+    fs.release(fh)
+
+
+NOBODY = Caller(65534, 65534)
+ROOT = Caller(0, 0, fsetid=True)
+
+
+@pytest.mark.parametrize("mode, gid, caller, dropped", [
+    (0o4777, 0, NOBODY, 0o4000),
+    (0o2777, 0, NOBODY, 0o2000),
+    (0o6777, 0, NOBODY, 0o6000),
+    (0o2767, 0, NOBODY, 0o2000),  # not in the group: goes even without group-execute
+    (0o2767, 65534, NOBODY, 0),  # in the group, no group-execute: stays
+    (0o2767, 7, Caller(65534, 65534, frozenset({7})), 0),  # a supplementary group counts
+    (0o2777, 65534, NOBODY, 0o2000),  # group-execute: goes whoever writes
+    (0o6777, 0, ROOT, 0),  # CAP_FSETID keeps both
+    (0o6777, 0, Caller(0, 0), 0o6000),  # uid 0 without CAP_FSETID does not
+    (0o6777, 0, None, 0),  # the filesystem itself
+    (0o0777, 0, NOBODY, 0),
+])
+def test_setid_bits_to_drop_follows_linux(mode, gid, caller, dropped):
+    assert setid_bits_to_drop(stat.S_IFREG | mode, gid, caller) == dropped
+    assert setid_bits_to_drop(stat.S_IFDIR | mode, gid, caller) == 0  # regular files only
+
+
+def test_creds_caller_reads_capabilities_and_groups_from_proc():
+    me = caller(os.getuid(), os.getgid(), os.getpid())
+    assert me.groups == frozenset(os.getgroups())
+    with open("/proc/self/status") as f:
+        cap_eff = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+    assert me.fsetid == bool(cap_eff & (1 << 4))
+    assert caller(0, 0, 0) == Caller(0, 0, frozenset(), True)  # no process to ask: uid 0 counts
+    assert caller(5, 6, 0) == Caller(5, 6, frozenset(), False)
+    assert caller(5, 6, 1 << 30).fsetid is False  # gone
+
+
+def test_fs_unprivileged_write_truncate_and_o_trunc_clear_setid_bits():
+    seen = []
+    a = Arena(32 * CS, CS, prefault=False)
+    fs = Filesystem(a, capacity_bytes=1 << 30)
+    fs.ns.observer = lambda op, *args: seen.append((op, *args))
+    fh, f = create(fs, b"f")
+    fs.write(fh, 0, b"data")
+    fs.release(fh)
+    fs.setattr(f.ino, mode=0o6777)
+    ro = fs.open(f.ino, os.O_RDONLY, NOBODY).fh
+    w = fs.open(f.ino, os.O_WRONLY, NOBODY).fh
+    assert stat.S_IMODE(f.mode) == 0o6777  # opening alone changes nothing
+    seen.clear()
+    before = f.ctime_ns
+    fs.write(w, 0, b"D")
+    assert stat.S_IMODE(f.mode) == 0o777 and f.ctime_ns > before
+    assert [r[:3] for r in seen] == [("setattr", f.ino, 0o777)]  # journaled like a chmod
+    fs.setattr(f.ino, mode=0o4777)  # put back while the writer is open: its next write clears again
+    fs.write(w, 1, b"A")
+    assert stat.S_IMODE(f.mode) == 0o777
+    fs.release(w)
+    fs.release(ro)
+    fs.setattr(f.ino, mode=0o6777)
+    fs.release(fs.open(f.ino, os.O_WRONLY | os.O_TRUNC, ROOT).fh)
+    assert stat.S_IMODE(f.mode) == 0o6777  # CAP_FSETID keeps them
+    fs.release(fs.open(f.ino, os.O_WRONLY | os.O_TRUNC, NOBODY).fh)  # empty already: still cleared
+    assert stat.S_IMODE(f.mode) == 0o777
+    fs.setattr(f.ino, mode=0o6766)
+    fs.setattr(f.ino, size=1, mode=0o2766, caller=NOBODY)  # FUSE's own rule left the set-group-ID bit
+    assert stat.S_IMODE(f.mode) == 0o766 and f.size == 1
+    fs.check_invariants()
+    a.close()
 
 
 def test_fs_setgid_directory_passes_on_its_group(fs):

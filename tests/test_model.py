@@ -3,10 +3,13 @@
 A hypothesis state machine applies each operation (open/create with assorted
 flags, pwrite at random offsets, append, read, truncate, unlink, rename over
 files and directories, RENAME_NOREPLACE/EXCHANGE, mkdir, rmdir, link, symlink,
-chmod, fsync, close) both to a directory on ckptfs and to a reference directory
-on the machine's own filesystem. When an operation fails, both sides must fail with the same errno;
-after every step the trees must agree: names, types, modes, sizes, link counts,
-contents, symlink targets, and what every open descriptor sees.
+chmod (set-user-ID and set-group-ID modes too), chown(-1, -1), operations on
+names over 255 bytes, writes by the unprivileged user nobody, fsync, close)
+both to a directory on ckptfs and to a reference directory on ext4. When an
+operation fails, both sides must fail with the same errno; chown(-1, -1) must
+move ctime on both or neither; after every step the trees must agree: names,
+types, modes, sizes, link counts, contents, symlink targets, and what every
+open descriptor sees.
 
 One mount per memory setting serves the whole run, with a 64 KiB chunk so small
 files cross chunk boundaries; the directories are emptied between examples.
@@ -26,7 +29,9 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
+from ext4 import ext4_tmpdir
 from mounting import CkptMount
+from nobody import as_user
 
 pytestmark = pytest.mark.mount
 
@@ -52,6 +57,22 @@ OPEN_FLAGS = [
     os.O_RDWR | os.O_APPEND | os.O_CREAT,
     os.O_RDONLY | os.O_TRUNC,
 ]
+NOBODY_FLAGS = [os.O_WRONLY, os.O_WRONLY | os.O_TRUNC, os.O_RDWR | os.O_APPEND, os.O_RDONLY | os.O_TRUNC]
+LONG_NAME_OPS = {
+    "stat": lambda p: os.stat(p) and None,
+    "unlink": os.unlink,
+    "rmdir": os.rmdir,
+    "chmod": lambda p: os.chmod(p, 0o600),
+    "chown": lambda p: os.chown(p, 0, 0),
+    "lchown": lambda p: os.lchown(p, -1, -1),
+    "truncate": lambda p: os.truncate(p, 0),
+    "rename-from": lambda p: os.rename(p, os.path.join(os.path.dirname(p), "a")),
+    "link-from": lambda p: os.link(p, os.path.join(os.path.dirname(p), "b")),
+    "rename-to": lambda p: os.rename(os.path.join(os.path.dirname(p), "a"), p),
+    "create": lambda p: os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)),
+    "mkdir": os.mkdir,
+    "setxattr": lambda p: os.setxattr(p, "user.x", b"1"),
+}
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -196,9 +217,49 @@ class FsModel(RuleBasedStateMachine):
     def symlink(self, to, p):
         self.both(lambda path: os.symlink(to, path), p)
 
-    @rule(p=any_path, mode=st.sampled_from([0o600, 0o755, 0o4711]))
+    @rule(p=any_path, mode=st.sampled_from([0o600, 0o755, 0o4711, 0o4777, 0o2777, 0o6777, 0o2767, 0o666]))
     def chmod(self, p, mode):
         self.both(os.chmod, p, raw=(mode,))
+
+    @rule(p=any_path, follow=st.booleans())
+    def chown_nothing(self, p, follow):
+        """chown(p, -1, -1) changes no owner but moves ctime (on both sides or neither)."""
+        fn = os.chown if follow else os.lchown
+        before = [outcome(os.lstat, str(r / p)) for r in self.roots]
+        self.both(fn, p, raw=(-1, -1))
+        moved = [b[0] == "ok" and os.lstat(r / p).st_ctime_ns != b[1].st_ctime_ns
+                 for r, b in zip(self.roots, before)]
+        assert moved[0] == moved[1], f"{fn.__name__}({p}, -1, -1) moved ctime: mount {moved[0]}, ext4 {moved[1]}"
+
+    @rule(d=dirs, length=st.sampled_from([255, 256, 1024]), op=st.sampled_from(sorted(LONG_NAME_OPS)))
+    def long_name(self, d, length, op):
+        """Names over 255 bytes: ENAMETOOLONG on both sides, whatever the operation."""
+        name = "n" * length
+        self.both(LONG_NAME_OPS[op], f"{d}/{name}" if d else name)
+
+    @rule(p=paths, flags=st.sampled_from(NOBODY_FLAGS), data=payload,
+          mode=st.sampled_from([None, 0o4777, 0o6777, 0o2767, 0o2777]))
+    def write_as_nobody(self, p, flags, data, mode):
+        """nobody opens and writes (after a chmod that lets it, often): same errno, and the
+        set-user-ID bits go (or stay) on both sides."""
+        if mode is not None:
+            self.both(os.chmod, p, raw=(mode,))
+        def put(dirfd):
+            fd = os.open(p, flags, dir_fd=dirfd)
+            try:
+                if flags & os.O_ACCMODE != os.O_RDONLY:
+                    os.write(fd, data)
+                return stat.S_IMODE(os.fstat(fd).st_mode)
+            finally:
+                os.close(fd)
+        res = []
+        for root in self.roots:
+            dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                res.append(outcome(as_user, put, dirfd))  # relative to dirfd: nobody need not reach root
+            finally:
+                os.close(dirfd)
+        assert res[0] == res[1], f"write_as_nobody({p}, {flags:#o}): mount {res[0]}, reference {res[1]}"
 
     @rule(p=any_path)
     def readlink(self, p):
@@ -278,13 +339,17 @@ class FsModel(RuleBasedStateMachine):
         self.fds.clear()
 
 
-def test_mount_behaves_like_ext4(mnt, tmp_path):
+def test_mount_behaves_like_ext4(mnt):
     mount_dir = mnt.path / "model"
-    ref_dir = tmp_path / "reference"
+    ref_root = ext4_tmpdir()  # /tmp may be a tmpfs
+    ref_dir = ref_root / "reference"
     mount_dir.mkdir()
     ref_dir.mkdir()
-    run_state_machine_as_test(
-        lambda: FsModel(mount_dir, ref_dir),
-        settings=settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
-                          suppress_health_check=list(HealthCheck)))
+    try:
+        run_state_machine_as_test(
+            lambda: FsModel(mount_dir, ref_dir),
+            settings=settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+                              suppress_health_check=list(HealthCheck)))
+    finally:
+        shutil.rmtree(ref_root, ignore_errors=True)
     os.kill(mnt.pid, 0)  # the daemon is still alive

@@ -12,6 +12,15 @@ opened for writing are served with direct_io (no page cache in front, the
 fast path measured in docs/PERFORMANCE.md); read-only opens may keep the kernel
 page cache when the data has not changed since the previous read-only open,
 so mmap readers (safetensors, torch.load(mmap=True)) work and stay coherent.
+
+Set-user-ID and set-group-ID bits: a write, a truncate or an open with O_TRUNC
+by a caller without CAP_FSETID clears them, by Linux's rules
+(`setid_bits_to_drop`), and the change is a setattr like any other (it moves
+ctime and reaches the journal). With direct_io the kernel leaves this to the
+filesystem, and a FUSE write carries no credentials: a handle remembers the
+`creds.Caller` that opened it, and each write checks the file's mode against
+it. Callers pass None where no process is behind the request (the filesystem
+itself, tests): None counts as privileged.
 """
 from __future__ import annotations
 
@@ -24,10 +33,28 @@ from typing import Callable, Iterator
 
 from .arena import Arena
 from ..errors import fs_error
+from .creds import Caller
 from .filemap import ChunkOwner, FileData, MemoryOwner
 from .namespace import Inode, Namespace
 
 FRSIZE = 4096
+SETID = stat.S_ISUID | stat.S_ISGID
+
+
+def setid_bits_to_drop(mode: int, gid: int, caller: Caller | None) -> int:
+    """The set-user-ID / set-group-ID bits that a write or truncate by `caller` clears
+    from a file of `mode` and group `gid`.
+
+    Linux's setattr_should_drop_suidgid: regular files only, never for a caller with
+    CAP_FSETID (or None); set-user-ID always; set-group-ID when group-execute is set
+    or the caller is not in the file's group.
+    """
+    if not mode & SETID or caller is None or caller.fsetid or not stat.S_ISREG(mode):
+        return 0
+    drop = mode & stat.S_ISUID
+    if mode & stat.S_ISGID and (mode & stat.S_IXGRP or not caller.in_group(gid)):
+        drop |= stat.S_ISGID
+    return drop
 
 
 class Durability:
@@ -58,6 +85,7 @@ class Handle:
     inode: Inode
     writable: bool
     append: bool
+    caller: Caller | None = None  # who opened it: decides whether its writes clear setid bits
 
 
 @dataclass(frozen=True)
@@ -106,12 +134,12 @@ class Filesystem:
         if inode.data is not None and inode.data.chunks:
             inode.data.clear()
 
-    def _new_handle(self, inode: Inode, flags: int) -> OpenResult:
+    def _new_handle(self, inode: Inode, flags: int, caller: Caller | None) -> OpenResult:
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(fh, inode, writable, bool(flags & os.O_APPEND))
+        self.handles[fh] = Handle(fh, inode, writable, bool(flags & os.O_APPEND), caller)
         inode.opens += 1
         if writable:
             self._writers[inode.ino] = self._writers.get(inode.ino, 0) + 1
@@ -161,16 +189,21 @@ class Filesystem:
             raise fs_error(errno.ENAMETOOLONG)
         return self._make(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=bytes(target))
 
+    @staticmethod
+    def blocks(inode: Inode) -> int:
+        """st_blocks: 512-byte units of the 4 KiB blocks the file's data holds (holes excluded)."""
+        return inode.data.allocated_bytes // 512 if inode.data is not None else 0
+
     def readlink(self, ino: int) -> bytes:
         inode = self.ns.get(ino)
         if not stat.S_ISLNK(inode.mode):
             raise fs_error(errno.EINVAL)
         return inode.target
 
-    def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
-               ) -> tuple[OpenResult, Inode]:
+    def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
+               caller: Caller | None = None) -> tuple[OpenResult, Inode]:
         inode = self._make(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
-        return self._new_handle(inode, flags), inode
+        return self._new_handle(inode, flags, caller), inode
 
     def link(self, ino: int, parent: int, name: bytes) -> Inode:
         return self.ns.link(ino, parent, name)
@@ -205,11 +238,21 @@ class Filesystem:
     # ---- attributes ----------------------------------------------------
     def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
                 gid: int | None = None, size: int | None = None, atime_ns: int | None = None,
-                mtime_ns: int | None = None) -> Inode:
+                mtime_ns: int | None = None, caller: Caller | None = None) -> Inode:
+        """Change what is given, and move ctime even when nothing is given: every attribute
+        call moves it on Linux (chown(path, -1, -1) too, as on ext4; FUSE forwards that as a
+        SETATTR with no fields, its ATTR_CTIME only with the writeback cache).
+
+        A size change by `caller` clears setid bits as a write does, also from the mode the
+        kernel sends along (FUSE's own rule keeps a set-group-ID bit without group-execute)."""
         inode = self.ns.get(ino)
         if size is not None:
+            after = inode.mode if mode is None else stat.S_IFMT(inode.mode) | (mode & 0o7777)
+            drop = setid_bits_to_drop(after, inode.gid, caller)
+            if drop:
+                mode = after & 0o7777 & ~drop
             self.truncate(inode, size)
-        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
+        if size is None or any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
             self.ns.setattr(ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         return inode
 
@@ -231,10 +274,7 @@ class Filesystem:
             self.durability.closed(inode)
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
-        value = self.ns.get(ino).xattrs.get(name)
-        if value is None:
-            raise fs_error(errno.ENODATA)
-        return value
+        return self.ns.getxattr(ino, name)
 
     def listxattr(self, ino: int) -> list[bytes]:
         return list(self.ns.get(ino).xattrs)
@@ -246,17 +286,24 @@ class Filesystem:
         self.ns.removexattr(ino, name)
 
     # ---- data ----------------------------------------------------------
-    def open(self, ino: int, flags: int) -> OpenResult:
+    def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
         inode = self.ns.get(ino)
         if inode.is_dir:
             raise fs_error(errno.EISDIR)
         if not inode.is_reg:
             raise fs_error(errno.ENXIO if not stat.S_ISLNK(inode.mode) else errno.ELOOP)
-        result = self._new_handle(inode, flags)
+        result = self._new_handle(inode, flags, caller)
         # O_TRUNC truncates even with O_RDONLY, as on Linux (the kernel checked write permission)
-        if flags & os.O_TRUNC and inode.size:
-            self.truncate(inode, 0)
+        if flags & os.O_TRUNC:
+            self._drop_setid(inode, caller)  # even when empty, as ext4
+            if inode.size:
+                self.truncate(inode, 0)
         return result
+
+    def _drop_setid(self, inode: Inode, caller: Caller | None) -> None:
+        drop = setid_bits_to_drop(inode.mode, inode.gid, caller)
+        if drop:
+            self.ns.setattr(inode.ino, mode=inode.mode & 0o7777 & ~drop)
 
     def read(self, fh: int, off: int, size: int):
         inode = self.handle(fh).inode
@@ -268,6 +315,8 @@ class Filesystem:
         if not h.writable:
             raise fs_error(errno.EBADF)
         inode = h.inode
+        if inode.mode & SETID:
+            self._drop_setid(inode, h.caller)
         if h.append:
             off = inode.size
         n = inode.data.write(off, buf)

@@ -12,6 +12,8 @@ today, a native engine later) is a thin 1:1 translation of requests:
 - fsync and fsyncdir: `Backend.sync`;
 - the absorbed-bytes counter (`Backend.absorbed`);
 - lookup counts of READDIRPLUS entries (`entry_sent`);
+- who is asking: open, create and a size change take the caller
+  (`creds.Caller`), which decides whether writes clear set-user-ID bits;
 - virtual extended attributes under ``user.ckptfs.`` (answered by callbacks,
   never stored: EPERM to set or remove, not listed where the callback says
   None).
@@ -27,6 +29,7 @@ from typing import Awaitable, Callable, Iterator
 
 from ..errors import DevicesFull, NoAttribute, NoSpace, NotInMemory, ReadOnlyAttribute
 from .core import Filesystem, FsStat, OpenResult
+from .creds import Caller
 from .filemap import NeedsFetch
 from .namespace import Inode
 
@@ -64,6 +67,10 @@ class AsyncFilesystem:
             except NeedsFetch as e:
                 await self.backend.fetch(e.chunks)
 
+    def blocks(self, inode: Inode) -> int:
+        """st_blocks: the 512-byte blocks the file holds."""
+        return self.fs.blocks(inode)
+
     # ---- names -----------------------------------------------------------
     async def lookup(self, parent: int, name: bytes) -> Inode:
         return self.fs.lookup(parent, name)
@@ -71,8 +78,8 @@ class AsyncFilesystem:
     async def getattr(self, ino: int) -> Inode:
         return self.fs.getattr(ino)
 
-    async def setattr(self, ino: int, **kw) -> Inode:
-        return await self._fetching(self.fs.setattr, ino, **kw)
+    async def setattr(self, ino: int, caller: Caller | None = None, **kw) -> Inode:
+        return await self._fetching(self.fs.setattr, ino, caller=caller, **kw)
 
     async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
         return self.fs.mknod(parent, name, mode, rdev, uid, gid)
@@ -121,12 +128,12 @@ class AsyncFilesystem:
             await self.backend.sync(None)
 
     # ---- files -----------------------------------------------------------
-    async def open(self, ino: int, flags: int) -> OpenResult:
-        return self.fs.open(ino, flags)
+    async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
+        return self.fs.open(ino, flags, caller)
 
-    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
-                     ) -> tuple[OpenResult, Inode]:
-        return self.fs.create(parent, name, mode, flags, uid, gid)
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
+                     caller: Caller | None = None) -> tuple[OpenResult, Inode]:
+        return self.fs.create(parent, name, mode, flags, uid, gid, caller)
 
     async def read(self, fh: int, off: int, size: int):
         return await self._fetching(self.fs.read, fh, off, size)

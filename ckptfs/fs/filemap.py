@@ -28,6 +28,8 @@ from typing import Iterator, Protocol
 from .arena import Arena
 from ..errors import NoSpace
 
+BLOCK = 4096  # st_blocks counts whole blocks of this size, as ext4 does
+
 
 class Chunk:
     __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "ino",
@@ -116,7 +118,9 @@ class FileData:
 
     @property
     def allocated_bytes(self) -> int:
-        return len(self.chunks) * self._cs
+        """Bytes the file holds, as ext4 counts them in 4 KiB blocks: each chunk up to its
+        high-water mark (the zero-filled gaps below it are held too; holes are not)."""
+        return sum(-(-c.hwm // BLOCK) * BLOCK for c in self.chunks.values())
 
     def _pieces(self, off: int, length: int) -> Iterator[tuple[int, int, int]]:
         """(chunk index, offset in chunk, piece length) covering [off, off+length)."""

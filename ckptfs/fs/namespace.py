@@ -13,6 +13,12 @@ forget) or while a handle is open (`opens > 0`). When all three reach zero it
 is dropped and `on_drop(inode)` frees its data: an unlinked file stays
 readable through open handles until the last release.
 
+Names: a name is at most NAME_MAX (255) bytes. A longer one cannot exist, so
+looking it up (and so stat, unlink, rmdir, rename or link of it) fails with
+ENAMETOOLONG, not ENOENT, as on ext4; creating one fails the same way. An
+extended attribute's name is at most XATTR_NAME_MAX bytes (ERANGE beyond, as
+the kernel's VFS says) and its value at most XATTR_SIZE_MAX bytes (E2BIG).
+
 Directory listings: each entry gets a cookie from a per-directory counter
 that only grows, so an offset handed to readdir stays valid across creations
 and removals (no entry is skipped or repeated).
@@ -29,7 +35,9 @@ from ..errors import fs_error
 from ..format.records import Link, Make, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink
 
 ROOT_INO = 1
-NAME_MAX = 255
+NAME_MAX = 255  # bytes in one name
+XATTR_NAME_MAX = 255  # bytes in an extended attribute's name (as the VFS: ERANGE beyond)
+XATTR_SIZE_MAX = 65536  # bytes in an extended attribute's value (E2BIG beyond)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -154,7 +162,7 @@ class Namespace:
             return self.get(self.get(parent).parent)
         ino = d.entries.get(name)
         if ino is None:
-            raise fs_error(errno.ENOENT)
+            raise fs_error(errno.ENAMETOOLONG if len(name) > NAME_MAX else errno.ENOENT)
         return self.inodes[ino]
 
     def lookup(self, parent: int, name: bytes) -> Inode:
@@ -167,6 +175,11 @@ class Namespace:
     def _notify(self, rec: tuple) -> None:
         if self.observer is not None:
             self.observer(rec)
+
+    @staticmethod
+    def check_xattr_name(name: bytes) -> None:
+        if not name or len(name) > XATTR_NAME_MAX:
+            raise fs_error(errno.ERANGE, "bad extended attribute name")
 
     @staticmethod
     def _check_name(name: bytes) -> None:
@@ -284,10 +297,10 @@ class Namespace:
         """Rename; returns the inode that lost its name by being replaced, if any."""
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
             raise fs_error(errno.EINVAL, "bad rename flags")
-        self._check_name(n_new)
         old_dir = self.dir_of(p_old)
         new_dir = self.dir_of(p_new)
-        src = self.child(p_old, n_old)
+        src = self.child(p_old, n_old)  # as the kernel: the source is looked up before the new name
+        self._check_name(n_new)
         dst_ino = new_dir.dir.entries.get(n_new)
         dst = self.inodes[dst_ino] if dst_ino is not None else None
         if flags & RENAME_NOREPLACE and dst is not None:
@@ -354,10 +367,16 @@ class Namespace:
         self._notify(Setattr(ino, mode, uid, gid, atime_ns, mtime_ns, now))
         return inode
 
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        self.check_xattr_name(name)
+        value = self.get(ino).xattrs.get(name)
+        if value is None:
+            raise fs_error(errno.ENODATA)
+        return value
+
     def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        if not name or len(name) > 255:
-            raise fs_error(errno.ERANGE)
-        if len(value) > 65536:
+        self.check_xattr_name(name)
+        if len(value) > XATTR_SIZE_MAX:
             raise fs_error(errno.E2BIG)
         inode = self.get(ino)
         inode.xattrs[name] = bytes(value)
@@ -365,6 +384,7 @@ class Namespace:
         self._notify(Setxattr(ino, name, bytes(value)))
 
     def removexattr(self, ino: int, name: bytes) -> None:
+        self.check_xattr_name(name)
         inode = self.get(ino)
         if inode.xattrs.pop(name, None) is None:
             raise fs_error(errno.ENODATA)

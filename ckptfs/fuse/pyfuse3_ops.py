@@ -6,6 +6,10 @@ fsync, virtual xattrs, lookup counts) is the facade's, so another front end
 serves the same semantics. Errors go through `_guard`: `FsError` becomes
 `FUSEError(errno)`; anything else is logged and becomes EIO (errors.py), so
 no request can tear the mount down.
+
+Credentials: open, create and truncate pass the caller (`creds.caller`, its
+capabilities and groups read from /proc) to the facade, which decides from it
+whether a write clears set-user-ID bits; pyfuse3's write carries none.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import logging
 import pyfuse3
 
 from ..errors import errno_of
+from ..fs.creds import caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.namespace import Inode
 
@@ -62,7 +67,7 @@ class Operations(pyfuse3.Operations):
         a.st_rdev = inode.rdev
         a.st_size = inode.size
         a.st_blksize = self.chunk_size
-        a.st_blocks = (inode.data.allocated_bytes // 512) if inode.data is not None else 0
+        a.st_blocks = self.afs.blocks(inode)
         a.st_atime_ns = inode.atime_ns
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns
@@ -92,6 +97,8 @@ class Operations(pyfuse3.Operations):
             kw["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             kw["mtime_ns"] = attr.st_mtime_ns
+        if fields.update_size:
+            kw["caller"] = caller(ctx.uid, ctx.gid, ctx.pid)
         return self._attr(await self.afs.setattr(inode, **kw))
 
     @_guard
@@ -159,11 +166,12 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode, flags, ctx):
-        return self._file_info(await self.afs.open(inode, flags))
+        return self._file_info(await self.afs.open(inode, flags, caller(ctx.uid, ctx.gid, ctx.pid)))
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
-        r, inode = await self.afs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        r, inode = await self.afs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
+                                         caller(ctx.uid, ctx.gid, ctx.pid))
         return self._file_info(r), self._attr(inode)
 
     @_guard
