@@ -348,7 +348,10 @@ def test_negotiate_request_size():
     base = abi.FUSE_ASYNC_READ | abi.FUSE_INIT_EXT
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=1024)
     assert (out.max_write, out.max_pages) == (4 << 20, 1024)
+    # a spare page for writers whose buffers are not page-aligned, where the limit allows it
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=1024, max_write=1 << 20)
+    assert (out.max_write, out.max_pages) == (1 << 20, 257)
+    out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=256, max_write=1 << 20)
     assert (out.max_write, out.max_pages) == (1 << 20, 256)
     out, neg = negotiate(init_req(base), max_pages_limit=1024, max_write=8 << 20)  # no MAX_PAGES offered
     assert (out.max_write, out.max_pages, neg.max_write) == (128 << 10, 0, 128 << 10)

@@ -13,7 +13,8 @@ What `DEFAULT_WANT` asks for and why:
     ASYNC_READ          reads of one file may be in flight together (readahead, several readers)
     BIG_WRITES          WRITEs larger than a page (implied by modern kernels; harmless)
     MAX_PAGES           WRITEs up to max_pages_limit pages (1 MiB by default, more if root raises it):
-                        a direct_io write() of 64 MiB becomes 64 requests of 1 MiB, not 512 of 128 KiB
+                        a direct_io write() of 64 MiB becomes 64 requests of 1 MiB, not 512 of 128 KiB;
+                        max_pages is one page more than max_write when the limit allows (see below)
     PARALLEL_DIROPS     lookups and readdirs of one directory run in parallel (the server is threaded)
     ATOMIC_O_TRUNC      open(O_TRUNC) arrives as OPEN with O_TRUNC, not OPEN + SETATTR(size=0)
     ASYNC_DIO           the kernel may split an async O_DIRECT request into parallel FUSE requests
@@ -87,7 +88,11 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
     else:
         cap = abi.DEFAULT_MAX_PAGES * page_size
     size = cap if max_write is None else max(page_size, min(max_write, cap))
-    pages = (size + page_size - 1) // page_size if flags & abi.FUSE_MAX_PAGES else 0
+    # One page more than max_write needs, where the limit allows: a writer's buffer that is
+    # not page-aligned spans one page more, and the kernel cuts requests at max_pages, so
+    # without the spare page a 1 MiB write() from malloc'd memory arrives as 1 MiB - 16 bytes
+    # + 16 bytes and every later request is off the chunk grid.
+    pages = min(limit, (size + page_size - 1) // page_size + 1) if flags & abi.FUSE_MAX_PAGES else 0
     readahead = req.max_readahead if max_readahead is None else min(max_readahead, req.max_readahead)
     background = max(1, min(max_background, 0xFFFF))
     out = InitOut(major=abi.KERNEL_VERSION, minor=minor, max_readahead=readahead, flags=flags,
