@@ -353,6 +353,9 @@ def test_negotiate_request_size():
     assert (out.max_write, out.max_pages) == (1 << 20, 257)
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=256, max_write=1 << 20)
     assert (out.max_write, out.max_pages) == (1 << 20, 256)
+    # by default a power of two: a limit raised to 257 gives 1 MiB requests with the spare page
+    out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=257)
+    assert (out.max_write, out.max_pages) == (1 << 20, 257)
     out, neg = negotiate(init_req(base), max_pages_limit=1024, max_write=8 << 20)  # no MAX_PAGES offered
     assert (out.max_write, out.max_pages, neg.max_write) == (128 << 10, 0, 128 << 10)
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_write=1000)

@@ -71,7 +71,8 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
               max_background: int = 64, max_readahead: int | None = None) -> tuple[InitOut, Negotiated]:
     """The INIT reply and the agreement, or ProtocolError for a kernel we cannot speak to.
 
-    `max_write`: the largest WRITE wanted (default: as large as the kernel allows).
+    `max_write`: the largest WRITE wanted (default: the largest power of two the kernel allows;
+    pass the chunk size, or a multiple of it, to keep requests on the chunk grid).
     """
     if req.major != abi.KERNEL_VERSION:
         raise ProtocolError(f"kernel speaks FUSE {req.major}.{req.minor}, this server {abi.KERNEL_VERSION}.x")
@@ -87,7 +88,10 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
         cap = limit * page_size
     else:
         cap = abi.DEFAULT_MAX_PAGES * page_size
-    size = cap if max_write is None else max(page_size, min(max_write, cap))
+    if max_write is None:  # the largest power of two that fits: a whole number of chunks
+        size = 1 << (cap.bit_length() - 1)
+    else:
+        size = max(page_size, min(max_write, cap))
     # One page more than max_write needs, where the limit allows: a writer's buffer that is
     # not page-aligned spans one page more, and the kernel cuts requests at max_pages, so
     # without the spare page a 1 MiB write() from malloc'd memory arrives as 1 MiB - 16 bytes
