@@ -15,15 +15,16 @@ from ckptfs.kernel.abi import Op
 from ckptfs.kernel.negotiate import DEFAULT_WANT, negotiate
 from ckptfs.kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, InitOut, LseekOut, OpenOut,
                                    StatfsOut, WriteOut, XattrSize, error_reply, frame, out_header)
+from ckptfs.kernel.parse import RequestDecoder, parse_header, parse_request
 from ckptfs.kernel.requests import (BatchForget, Create, Forget, Getattr, Getxattr, Init, Link, Listxattr, Lookup,
                                     Mkdir, Mknod, Open, ProtocolError, Read, Readdir, Release, Releasedir, Rename,
-                                    RequestDecoder, Setattr, Setxattr, Symlink, Unsupported, Write, parse_header,
-                                    parse_request)
+                                    Setattr, Setxattr, Symlink, Unsupported, Write)
 
 UID, GID, PID = 1000, 1001, 4242
 
 
-def raw(opcode: int, body: bytes, *, unique: int = 2, nodeid: int = 1, extlen: int = 0, length: int | None = None) -> bytes:
+def raw(opcode: int, body: bytes, *, unique: int = 2, nodeid: int = 1, extlen: int = 0,
+        length: int | None = None) -> bytes:
     """A request as the kernel writes it."""
     n = abi.IN_HEADER.size + len(body) if length is None else length
     return abi.IN_HEADER.pack(n, opcode, unique, nodeid, UID, GID, PID, extlen, 0) + body
@@ -102,7 +103,8 @@ CASES = [
      {"name": b"user.k", "value": b"v\0w", "flags": os.XATTR_CREATE}),
     (Op.GETXATTR, abi.GETXATTR_IN.pack(0, 0) + b"user.k\0", Getxattr, {"name": b"user.k", "size": 0}),
     (Op.LISTXATTR, abi.GETXATTR_IN.pack(4096, 0), Listxattr, {"size": 4096}),
-    (Op.READDIRPLUS, abi.READ_IN.pack(8, 3, 4096, 0, 0, 0, 0), Readdir, {"fh": 8, "offset": 3, "size": 4096, "plus": True}),
+    (Op.READDIRPLUS, abi.READ_IN.pack(8, 3, 4096, 0, 0, 0, 0), Readdir,
+     {"fh": 8, "offset": 3, "size": 4096, "plus": True}),
     (Op.READDIR, abi.READ_IN.pack(8, 0, 4096, 0, 0, 0, 0), Readdir, {"plus": False}),
     (Op.CREATE, abi.CREATE_IN.pack(os.O_WRONLY | os.O_CREAT, 0o100644, 0o22, 0) + b"f.pt\0", Create,
      {"name": b"f.pt", "flags": os.O_WRONLY | os.O_CREAT, "mode": 0o100644, "umask": 0o22}),
@@ -229,8 +231,8 @@ def test_decoder_fed_one_byte_at_a_time():
 
 
 # ---- replies ---------------------------------------------------------------------------------
-ATTR = Attr(ino=9, mode=0o100644, size=5 << 30, blocks=10 << 21, atime_ns=-1_500_000_000, mtime_ns=1_700_000_000_123456789,
-            ctime_ns=0, nlink=2, uid=1000, gid=1001, rdev=0, blksize=1 << 20)
+ATTR = Attr(ino=9, mode=0o100644, size=5 << 30, blocks=10 << 21, atime_ns=-1_500_000_000,
+            mtime_ns=1_700_000_000_123456789, ctime_ns=0, nlink=2, uid=1000, gid=1001, rdev=0, blksize=1 << 20)
 
 
 def unpack_attr(buf) -> tuple:

@@ -7,7 +7,7 @@ so the sizes here are the kernel's, and `SIZES` lists the ones the tests pin
 against the numbers checked on the kernel (fuse_in_header 40, fuse_write_in 40,
 fuse_attr 88, fuse_entry_out 128, ...).
 
-Requests are parsed in `requests.py`, replies encoded in `replies.py`, INIT
+Requests are typed in `requests.py` and parsed in `parse.py`, replies encoded in `replies.py`, INIT
 negotiated in `negotiate.py`; this module only names numbers and layouts.
 
 Flags above bit 31 (``FUSE_SECURITY_CTX`` and up) travel in the ``flags2``
@@ -190,7 +190,8 @@ FUSE_DEV_IOC_BACKING_CLOSE = _ioc(_IOC_WRITE, 2, 4)      # 0x4004E502, arg: u32 
 # ---- struct layouts --------------------------------------------------------------------
 IN_HEADER = struct.Struct("=IIQQIIIHH")   # len, opcode, unique, nodeid, uid, gid, pid, total_extlen, pad
 OUT_HEADER = struct.Struct("=IiQ")        # len, error (-errno), unique
-ATTR = struct.Struct("=QQQQQQIIIIIIIIII")  # ino size blocks atime mtime ctime, 3 nsec, mode nlink uid gid rdev blksize flags
+# ino size blocks atime mtime ctime, atimensec mtimensec ctimensec, mode nlink uid gid rdev blksize flags
+ATTR = struct.Struct("=QQQQQQIIIIIIIIII")
 ENTRY_OUT_HEAD = struct.Struct("=QQQQII")  # nodeid generation entry_valid attr_valid entry_nsec attr_nsec
 ATTR_OUT_HEAD = struct.Struct("=QII")      # attr_valid attr_valid_nsec dummy
 OPEN_OUT = struct.Struct("=QIi")          # fh open_flags backing_id

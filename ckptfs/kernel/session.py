@@ -58,9 +58,10 @@ import time
 
 from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
+from .parse import parse_header, parse_request
 from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
                       XattrSize, error_reply, frame)
-from .requests import Init, ProtocolError, parse_header, parse_request
+from .requests import Init, ProtocolError
 
 log = logging.getLogger("ckptfs.kernel")
 
