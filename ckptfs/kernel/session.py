@@ -1,0 +1,401 @@
+"""The FUSE server: owns /dev/fuse, reads requests in N threads, replies with writev.
+
+Lifecycle::
+
+    s = Session(handler, "/mnt", threads=4)
+    s.mount()      # open /dev/fuse; mount(2) as root, else fusermount3
+    s.start()      # answer INIT (negotiate.py), then start the worker threads
+    ...            # serve until unmounted (`umount`, s.unmount()) or aborted
+    s.wait()       # every worker has seen ENODEV and exited
+    s.close()
+
+Threads: worker 0 reads the session descriptor, workers 1..N-1 each read a
+clone (FUSE_DEV_IOC_CLONE); the kernel hands each request to one reader.
+Each worker reads with ``os.readv(fd, [header, payload])``: an 80-byte header
+buffer (fuse_in_header + fuse_write_in) and a payload buffer, so a WRITE's
+data lands in the payload buffer on its own. By default the payload buffer is
+the worker's; a `write_buffer(worker)` hook may supply it instead, before
+every read (e.g. a free arena slot): the write handler then finds its data
+already in place and may keep the buffer (the hook returns a fresh one next
+time). The buffer must hold `payload_size` bytes. Replies go out with
+``os.writev(fd, [out_header, *data])``: READ data may be views of the arena or
+of device buffers, never copied here. os.readv/os.writev release the GIL.
+
+The handler is any object with one method per operation, named by
+`Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
+taking the typed request (requests.py) and returning the typed reply
+(replies.py), in the worker thread, so it must be thread-safe:
+
+    lookup mknod mkdir symlink link -> EntryOut      getattr setattr -> AttrOut
+    open opendir -> OpenOut      create -> CreateOut      write -> WriteOut
+    read -> bytes-like or list of them (at most req.size bytes)     readlink -> bytes
+    readdir -> DirentBuffer (req.plus: READDIRPLUS)   statfs -> StatfsOut   lseek -> LseekOut
+    getxattr -> the value; listxattr -> the names (the size-0 query and ERANGE are done here)
+    unlink rmdir rename release releasedir flush fsync fsyncdir setxattr removexattr
+    access fallocate syncfs destroy -> None
+    forget batch_forget -> None, and no reply goes to the kernel
+    init(negotiated) and interrupt(unique): optional notifications
+
+A missing method answers ENOSYS (the kernel then stops asking for flush,
+access, fsyncdir, syncfs, ...). To fail, raise any exception with an int
+`errno` (OSError, ckptfs.errors.FsError); anything else is logged and
+becomes EIO. Nothing a handler does ends a worker.
+
+INTERRUPT marks the target in-flight request; a long handler polls
+`session.interrupted(req.unique)` and may give up with EINTR. An interrupt
+for a request not yet registered gets EAGAIN, so the kernel repeats it.
+Replies the kernel no longer wants (ENOENT: the request was interrupted or
+aborted) are dropped quietly. ENODEV (or ECONNABORTED) on read means the
+filesystem was unmounted or the connection aborted: every worker exits.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+
+from . import abi, mount as _mount
+from .negotiate import DEFAULT_WANT, Negotiated, negotiate
+from .parse import parse_header, parse_request
+from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
+                      XattrSize, error_reply, frame)
+from .requests import Init, ProtocolError
+
+log = logging.getLogger("ckptfs.kernel")
+
+IOV_MAX = 1024
+# A non-WRITE request's body beyond the header buffer: the largest is SETXATTR (name + 64 KiB value).
+NON_WRITE_ROOM = abi.XATTR_SIZE_MAX + 2 * abi.PAGE_SIZE
+_DATA = (bytes, bytearray, memoryview, list, tuple)
+# The reply type each method must return (None: an empty reply).
+_REPLY_TYPES = {
+    "lookup": EntryOut, "mknod": EntryOut, "mkdir": EntryOut, "symlink": EntryOut, "link": EntryOut,
+    "getattr": AttrOut, "setattr": AttrOut, "open": OpenOut, "opendir": OpenOut, "create": CreateOut,
+    "write": WriteOut, "statfs": StatfsOut, "lseek": LseekOut, "readdir": DirentBuffer,
+    "read": _DATA, "readlink": (bytes, bytearray, memoryview),
+}
+_NO_REPLY = frozenset({"forget", "batch_forget"})
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def _errno_of(exc: BaseException, what: str) -> int:
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and 0 < code < 512:
+        return code
+    log.error("unexpected error in %s; replying EIO", what, exc_info=exc)
+    return errno.EIO
+
+
+class Session:
+    def __init__(self, handler, mountpoint: str, *, threads: int | None = None, fsname: str = "ckptfs",
+                 subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
+                 want: int = DEFAULT_WANT, max_write: int | None = None, raise_max_pages: bool = False,
+                 write_buffer=None, use_fusermount: bool | None = None):
+        self.handler = handler
+        self.mountpoint = os.path.abspath(mountpoint)
+        self.threads = threads or default_threads()
+        self.fsname, self.subtype = fsname, subtype
+        self.allow_other, self.default_permissions = allow_other, default_permissions
+        self.want, self.max_write = want, max_write
+        self.raise_max_pages = raise_max_pages
+        self.write_buffer = write_buffer
+        self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
+        self.fd: int | None = None
+        self.negotiated: Negotiated | None = None
+        self.payload_size = 0
+        self._workers: list[threading.Thread] = []
+        self._methods: dict[str, object] = {}
+        self._inflight: set[int] = set()
+        self._interrupted: set[int] = set()
+        self._counts: list[dict[str, int]] = []
+        self._pages_limit: int | None = None
+        self.mounted = False
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def mount(self) -> None:
+        limit = _mount.max_pages_limit()
+        if self.raise_max_pages and self.max_write and os.geteuid() == 0:
+            limit = _mount.raise_max_pages_limit(-(-self.max_write // abi.PAGE_SIZE) + 1)
+        self._pages_limit = limit
+        options = dict(uid=os.getuid(), gid=os.getgid(), allow_other=self.allow_other,
+                       default_permissions=self.default_permissions)
+        if self.use_fusermount:
+            names = [f"fsname={self.fsname}", f"subtype={self.subtype}", "nosuid", "nodev"]
+            names += [o for o, on in (("allow_other", self.allow_other),
+                                      ("default_permissions", self.default_permissions)) if on]
+            self.fd = _mount.fusermount(self.mountpoint, ",".join(names))
+        else:
+            self.fd = _mount.open_device()
+            try:
+                _mount.kernel_mount(self.fd, self.mountpoint, _mount.mount_data(self.fd, **options),
+                                    fsname=self.fsname, subtype=self.subtype)
+            except OSError:
+                os.close(self.fd)
+                self.fd = None
+                raise
+        self.mounted = True
+
+    def start(self) -> Negotiated:
+        """Answer INIT on the session descriptor, then start the workers."""
+        if self.fd is None:
+            raise RuntimeError("start() before mount()")
+        if self._pages_limit is None:
+            self._pages_limit = _mount.max_pages_limit()
+        want_size = self.max_write or self._pages_limit * abi.PAGE_SIZE
+        hdr = bytearray(abi.WRITE_HEADER_SIZE)
+        payload = bytearray(max(want_size, NON_WRITE_ROOM))
+        while True:
+            try:
+                n = os.readv(self.fd, [hdr, payload])
+                break
+            except InterruptedError:
+                continue
+        head = memoryview(hdr)[:min(n, abi.WRITE_HEADER_SIZE)]
+        h = parse_header(head)
+        req = parse_request(h, head[abi.IN_HEADER.size:], memoryview(payload)[:max(0, n - len(hdr))])
+        if not isinstance(req, Init):
+            raise ProtocolError(f"the first request is opcode {h.opcode}, not INIT")
+        try:
+            out, neg = negotiate(req, want=self.want, max_write=self.max_write, max_pages_limit=self._pages_limit)
+            init = getattr(self.handler, "init", None)
+            if init is not None:
+                init(neg)
+        except BaseException as exc:
+            self._send(self.fd, [error_reply(h.unique, errno.EPROTO if isinstance(exc, ProtocolError)
+                                             else _errno_of(exc, "init"))], h.unique)
+            raise
+        self.negotiated = neg
+        self.payload_size = max(neg.max_write, NON_WRITE_ROOM)
+        for name in ("lookup forget batch_forget getattr setattr readlink symlink mknod mkdir unlink rmdir "
+                     "rename link open read write statfs release fsync setxattr getxattr listxattr "
+                     "removexattr flush opendir readdir releasedir fsyncdir access create destroy syncfs "
+                     "lseek fallocate interrupt").split():
+            self._methods[name] = getattr(self.handler, name, None)
+        if not self._send(self.fd, frame(h.unique, out), h.unique):
+            raise OSError(errno.EIO, f"the kernel refused the INIT reply for {self.mountpoint}")
+        fds = [self.fd]
+        try:
+            for _ in range(self.threads - 1):
+                fds.append(_mount.clone_device(self.fd))
+        except OSError:
+            for fd in fds[1:]:
+                os.close(fd)
+            raise
+        for i, fd in enumerate(fds):
+            self._counts.append({})
+            t = threading.Thread(target=self._worker, args=(i, fd), name=f"fuse-{i}", daemon=True)
+            self._workers.append(t)
+        for t in self._workers:
+            t.start()
+        return neg
+
+    def serve(self) -> None:
+        """mount(), start(), and wait until unmounted."""
+        self.mount()
+        self.start()
+        self.wait()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every worker to exit (the filesystem was unmounted); True if they all did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._workers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self.alive()
+
+    def alive(self) -> int:
+        """How many workers still run."""
+        return sum(t.is_alive() for t in self._workers)
+
+    def unmount(self, lazy: bool = False) -> None:
+        _mount.unmount(self.mountpoint, lazy=lazy, use_fusermount=self.use_fusermount)
+        self.mounted = False
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Unmount (lazily) if the workers still run, wait for them, close the session descriptor."""
+        if self.alive():
+            try:
+                self.unmount(lazy=True)
+            except OSError as e:
+                log.warning("lazy unmount of %s failed: %s", self.mountpoint, e)
+            self.wait(timeout)
+        if self.fd is not None and not self.alive():
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- what handlers may ask -----------------------------------------------------------
+    def interrupted(self, unique: int) -> bool:
+        """Whether the kernel asked to interrupt the request `unique` (still in flight)."""
+        return unique in self._interrupted
+
+    def statistics(self) -> dict[str, int]:
+        """Requests served per method, plus 'dropped' (replies the kernel no longer wanted) and 'errors'."""
+        total: dict[str, int] = {}
+        for counts in self._counts:
+            for k, v in list(counts.items()):
+                total[k] = total.get(k, 0) + v
+        return total
+
+    # ---- the workers ---------------------------------------------------------------------
+    def _payload(self, index: int, own: memoryview) -> memoryview:
+        if self.write_buffer is None:
+            return own
+        buf = memoryview(self.write_buffer(index)).cast("B")
+        if buf.readonly or buf.nbytes < self.payload_size:
+            log.error("write_buffer gave %d bytes (%s); need %d writable: using the worker's own buffer",
+                      buf.nbytes, "read-only" if buf.readonly else "writable", self.payload_size)
+            return own
+        return buf[:self.payload_size]
+
+    def _worker(self, index: int, fd: int) -> None:
+        hdr = bytearray(abi.WRITE_HEADER_SIZE)
+        head = memoryview(hdr)
+        own = memoryview(bytearray(self.payload_size))
+        counts = self._counts[index]
+        try:
+            while True:
+                payload = self._payload(index, own)
+                try:
+                    n = os.readv(fd, [hdr, payload])
+                except OSError as e:
+                    if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                        continue  # ENOENT: the request was interrupted before we got it
+                    if e.errno in (errno.ENODEV, errno.ECONNABORTED):
+                        break  # unmounted or aborted
+                    log.error("worker %d: read of /dev/fuse failed: %s; stopping", index, e)
+                    break
+                if n == 0:
+                    break  # end of file: not /dev/fuse (a socket in tests) and its peer is gone
+                try:
+                    self._serve_one(fd, head, payload, n, counts)
+                except Exception:  # noqa: BLE001 - a worker never dies of one request
+                    log.exception("worker %d: request not served", index)
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+            log.debug("worker %d exits", index)
+
+    def _serve_one(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
+        if n < abi.IN_HEADER.size:
+            log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
+            return
+        h = parse_header(head)
+        try:
+            req = parse_request(h, head[abi.IN_HEADER.size:min(n, len(head))],
+                                payload[:n - len(head)] if n > len(head) else None,
+                                setxattr_ext=self.negotiated.setxattr_ext)
+        except ProtocolError as e:
+            log.error("bad request: %s", e)
+            counts["errors"] = counts.get("errors", 0) + 1
+            if h.opcode not in (abi.Op.FORGET, abi.Op.BATCH_FORGET):
+                self._send(fd, [error_reply(h.unique, errno.EIO)], h.unique)
+            return
+        method = req.method
+        counts[method or "unsupported"] = counts.get(method or "unsupported", 0) + 1
+        if method in _NO_REPLY:
+            fn = self._methods.get(method)
+            if fn is not None:
+                try:
+                    fn(req)
+                except Exception:  # noqa: BLE001 - forget has no reply: log and go on
+                    log.exception("%s failed", method)
+            return
+        if method == "interrupt":
+            self._interrupt(fd, req)
+            return
+        fn = self._methods.get(method) if method else None
+        if fn is None:
+            self._send(fd, [error_reply(h.unique, errno.ENOSYS)], h.unique)
+            return
+        unique = h.unique
+        self._inflight.add(unique)
+        try:
+            parts = self._call(fn, req)
+        except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
+            log.exception("%s: could not encode the reply", method)
+            parts = [None, errno.EIO]
+        finally:
+            self._inflight.discard(unique)
+            self._interrupted.discard(unique)
+        if parts[0] is None:
+            counts["errors"] = counts.get("errors", 0) + 1
+            parts = [error_reply(unique, parts[1])]
+        if not self._send(fd, parts, unique):
+            counts["dropped"] = counts.get("dropped", 0) + 1
+
+    def _call(self, fn, req) -> list:
+        """The reply buffers for `req`, or [None, errno]."""
+        method = req.method
+        try:
+            result = fn(req)
+        except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
+            return [None, _errno_of(exc, method)]
+        if method in ("getxattr", "listxattr"):
+            if method == "listxattr" and not isinstance(result, (bytes, bytearray, memoryview)):
+                result = b"".join(bytes(name) + b"\0" for name in result)
+            size = memoryview(result).nbytes
+            if req.size == 0:
+                result = XattrSize(size)
+            elif size > req.size:
+                return [None, errno.ERANGE]
+        else:
+            want = _REPLY_TYPES.get(method)
+            ok = result is None if want is None else isinstance(result, want)
+            if not ok:
+                log.error("%s returned %s, not %s; replying EIO", method, type(result).__name__,
+                          "None" if want is None else want)
+                return [None, errno.EIO]
+        parts = frame(req.unique, result)
+        if method == "read":
+            size = abi.OUT_HEADER.unpack_from(parts[0])[0] - abi.OUT_HEADER.size
+            if size > req.size:
+                log.error("read returned %d bytes for a request of %d; replying EIO", size, req.size)
+                return [None, errno.EIO]
+        if len(parts) > IOV_MAX:
+            parts = [parts[0], b"".join(bytes(p) for p in parts[1:])]
+        return parts
+
+    def _interrupt(self, fd: int, req) -> None:
+        target = req.target
+        if target in self._inflight:
+            self._interrupted.add(target)
+            fn = self._methods.get("interrupt")
+            if fn is not None:
+                try:
+                    fn(target)
+                except Exception:  # noqa: BLE001
+                    log.exception("interrupt(%d) failed", target)
+        else:
+            # Not registered yet (or done already): EAGAIN makes the kernel queue it again;
+            # for a finished request the kernel refuses the reply (ENOENT), which is fine.
+            self._send(fd, [error_reply(req.unique, errno.EAGAIN)], req.unique)
+
+    def _send(self, fd: int, parts: list, unique: int) -> bool:
+        """Write one reply; False if the kernel no longer wanted it or is gone."""
+        total = 0
+        for p in parts:
+            total += p.nbytes if isinstance(p, memoryview) else len(p)
+        try:
+            n = os.writev(fd, parts)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                log.debug("reply to %d dropped: the request was interrupted or aborted", unique)
+                return False
+            if e.errno in (errno.ENODEV, errno.ECONNABORTED):
+                return False
+            log.error("reply to %d (%d bytes) refused by the kernel: %s", unique, total, e)
+            return False
+        if n != total:
+            log.error("short reply write to %d: %d of %d bytes", unique, n, total)
+            return False
+        return True
