@@ -685,7 +685,7 @@ def test_fs_unprivileged_write_truncate_and_o_trunc_clear_setid_bits():
     seen = []
     a = Arena(32 * CS, CS, prefault=False)
     fs = Filesystem(a, capacity_bytes=1 << 30)
-    fs.ns.observer = lambda op, *args: seen.append((op, *args))
+    fs.ns.observer = seen.append
     fh, f = create(fs, b"f")
     fs.write(fh, 0, b"data")
     fs.release(fh)
