@@ -1,4 +1,4 @@
-"""A tiny in-memory filesystem served by ckptfs.kernel.session (tests of the native engine only).
+"""A tiny in-memory filesystem served by ckptfs.fuse.kernel.session (tests of the native engine only).
 
 File contents are 1 MiB chunks, like ckptfs's arena. `write_buffer` gives each
 worker a spare chunk-sized buffer to read the next request into; a WRITE that
@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from ckptfs.kernel import abi
-from ckptfs.kernel.replies import AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut, Attr
+from ckptfs.fuse.kernel import abi
+from ckptfs.fuse.kernel.replies import AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut, Attr
 
 CHUNK = 1 << 20
 ZERO = memoryview(bytes(CHUNK))
@@ -438,7 +438,7 @@ class MemFS:
 
 
 def serve(mountpoint: str, threads: int = 4):
-    from ckptfs.kernel.session import Session
+    from ckptfs.fuse.kernel.session import Session
     fs = MemFS()
     s = Session(fs, mountpoint, threads=threads, write_buffer=fs.write_buffer)
     fs.session = s

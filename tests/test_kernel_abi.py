@@ -10,13 +10,13 @@ import random
 
 import pytest
 
-from ckptfs.kernel import abi
-from ckptfs.kernel.abi import Op
-from ckptfs.kernel.negotiate import DEFAULT_WANT, negotiate
-from ckptfs.kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, InitOut, LseekOut, OpenOut,
+from ckptfs.fuse.kernel import abi
+from ckptfs.fuse.kernel.abi import Op
+from ckptfs.fuse.kernel.negotiate import DEFAULT_WANT, negotiate
+from ckptfs.fuse.kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, InitOut, LseekOut, OpenOut,
                                    StatfsOut, WriteOut, XattrSize, error_reply, frame, out_header)
-from ckptfs.kernel.parse import RequestDecoder, parse_header, parse_request
-from ckptfs.kernel.requests import (BatchForget, Create, Forget, Getattr, Getxattr, Init, Link, Listxattr, Lookup,
+from ckptfs.fuse.kernel.parse import RequestDecoder, parse_header, parse_request
+from ckptfs.fuse.kernel.requests import (BatchForget, Create, Forget, Getattr, Getxattr, Init, Link, Listxattr, Lookup,
                                     Mkdir, Mknod, Open, ProtocolError, Read, Readdir, Release, Releasedir, Rename,
                                     Setattr, Setxattr, Symlink, Unsupported, Write)
 

@@ -25,9 +25,9 @@ import pytest
 
 import nobody
 from kernel_memfs import CHUNK, MemFS, serve
-from ckptfs.kernel import abi
-from ckptfs.kernel.abi import Op
-from ckptfs.kernel.session import Session
+from ckptfs.fuse.kernel import abi
+from ckptfs.fuse.kernel.abi import Op
+from ckptfs.fuse.kernel.session import Session
 from mounting import is_mounted
 
 MEMFS = Path(__file__).with_name("kernel_memfs.py")

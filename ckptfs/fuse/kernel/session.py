@@ -63,7 +63,7 @@ from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, Open
                       XattrSize, error_reply, frame)
 from .requests import Init, ProtocolError
 
-log = logging.getLogger("ckptfs.kernel")
+log = logging.getLogger("ckptfs.fuse.kernel")
 
 IOV_MAX = 1024
 # A non-WRITE request's body beyond the header buffer: the largest is SETXATTR (name + 64 KiB value).
