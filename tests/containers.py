@@ -85,7 +85,7 @@ def probe() -> str | None:
 
 def inputs_hash() -> str:
     h = hashlib.sha256()
-    files = [REPO / f for f in IMAGE_INPUTS] + sorted((REPO / "ckptfs").glob("*.py"))
+    files = [REPO / f for f in IMAGE_INPUTS] + sorted((REPO / "ckptfs").rglob("*.py"))
     for f in files:
         h.update(str(f.relative_to(REPO)).encode() + b"\0")
         h.update(f.read_bytes() if f.exists() else b"<missing>")

@@ -3,7 +3,6 @@ shellcheck on the scripts, and the compose file and Kubernetes pod hold what the
 needs (propagation, devices, capabilities, grace period, health)."""
 from __future__ import annotations
 
-import fnmatch
 import re
 import shutil
 import subprocess
@@ -82,14 +81,22 @@ def test_dockerignore_lets_in_everything_the_dockerfile_copies():
     rules = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
 
+    def matches(path: str, pat: str) -> bool:
+        """Docker's rule: `*` and `?` stay within one path component, `**` crosses them, and a
+        pattern that matches a folder matches everything in it."""
+        rx = re.escape(pat.rstrip("/"))
+        rx = rx.replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        return re.fullmatch(rx + "(?:/.*)?", path) is not None
+
     def included(path: str) -> bool:
         ok = True
         for r in rules:
             neg = r.startswith("!")
-            pat = r[1:] if neg else r
-            if fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(path, pat.rstrip("/") + "/*"):
+            if matches(path, r[1:] if neg else r):
                 ok = neg
         return ok
+
+    assert not matches("ckptfs/store/store.py", "ckptfs/*.py") and matches("ckptfs/store/store.py", "ckptfs/**/*.py")
 
     for line in dockerfile_stages()["build"] + dockerfile_stages()["ckptfs"] + dockerfile_stages()["trainer"]:
         if line.startswith("COPY") and "--from" not in line:
