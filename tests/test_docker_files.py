@@ -96,7 +96,7 @@ def test_dockerignore_lets_in_everything_the_dockerfile_copies():
                 ok = neg
         return ok
 
-    assert not matches("ckptfs/store/store.py", "ckptfs/*.py") and matches("ckptfs/store/store.py", "ckptfs/**/*.py")
+    assert not matches("ckptfs/store/store.py", "ckptfs/*.py") and matches("ckptfs/store/store.py", "ckptfs")
 
     for line in dockerfile_stages()["build"] + dockerfile_stages()["ckptfs"] + dockerfile_stages()["trainer"]:
         if line.startswith("COPY") and "--from" not in line:
