@@ -63,7 +63,6 @@ class DrainHost(Protocol):
     def alloc_slot(self) -> int: ...
     async def wait_for_room(self, devices_full: bool = False) -> bool: ...
     def drained(self, chunk: Chunk, extent: Extent) -> None: ...  # a chunk's copy is on a device
-    def stale_copy(self, chunk: Chunk, nbytes: int) -> None: ...  # a written copy went stale
     def wrote(self, dev: int) -> None: ...  # data written to dev, not yet flushed
     def cached(self, chunk: Chunk) -> None: ...  # a fetched chunk holds a slot again
     def evictable(self) -> int: ...  # slots held by chunks already on a device
@@ -272,7 +271,6 @@ class Drainer:
             h.stats[d].bytes_written += round_up(hwm)
             if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
                 h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
-                h.stale_copy(chunk, hwm)
                 if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= h.chunk_size:
                     self.queue(chunk)
                 continue

@@ -260,10 +260,6 @@ class Store:
         if chunk.slot is not None:
             self.lru[id(chunk)] = chunk
 
-    def stale_copy(self, chunk: Chunk, nbytes: int) -> None:
-        """A written copy went stale (the chunk changed or was dropped meanwhile): its device bytes
-        count as written, its absorbed bytes stay with the chunk (drained or skipped later)."""
-
     def wrote(self, dev: int) -> None:
         self.committer.wrote(dev)
         if self.last_error and not self.drainer.queued():
