@@ -33,7 +33,7 @@ import trio
 from ..errors import FsError, errno_of
 from ..fs.facade import AsyncFilesystem
 from .kernel.session import Session, default_threads
-from .native_ops import Operations
+from .native_ops import WANT, Operations
 
 log = logging.getLogger("ckptfs.fuse.native")
 
@@ -53,15 +53,12 @@ class TrioHandler:
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
-        if op is None or name == "init":
+        if op is None:
             raise AttributeError(name)
         op = getattr(self.ops, name)
         if name in INTERRUPTIBLE:
             return lambda req: trio.from_thread.run(self._interruptible, op, req, trio_token=self.token)
         return lambda req: trio.from_thread.run(self._run, op, req, trio_token=self.token)
-
-    def init(self, negotiated) -> None:
-        self.ops.init(negotiated)
 
     def syncfs(self, req) -> None:
         self.syncfs_requests += 1
@@ -105,7 +102,7 @@ class NativeEngine:
         self.handler = TrioHandler(Operations(afs), token)
         root = os.geteuid() == 0
         self.session = Session(self.handler, mountpoint, threads=threads or default_threads(),
-                               allow_other=root, default_permissions=True,
+                               allow_other=root, default_permissions=True, want=WANT,
                                max_write=afs.fs.arena.chunk_size)
         self.handler.session = self.session
 

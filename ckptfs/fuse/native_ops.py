@@ -14,29 +14,33 @@ Errors: the facade raises `FsError`; native.py turns anything else into EIO,
 logged, as pyfuse3_ops does. The GETXATTR/LISTXATTR size probe (size 0: the
 length; ERANGE when the caller's buffer is too small) is the session's.
 
-Set-user-ID bits. As with pyfuse3, open, create and a size change pass the
-caller (`creds.caller`, read from /proc) to the facade. Where the kernel
-agreed to FUSE_HANDLE_KILLPRIV_V2 it also says, per request, whether the
-process lacks CAP_FSETID: FUSE_WRITE_KILL_SUIDGID on WRITE (the writer, not
-the opener, decides), FUSE_OPEN_KILL_SUIDGID on an O_TRUNC OPEN/CREATE and
-FATTR_KILL_SUIDGID on a truncating SETATTR (these override the caller's
-capability), and FATTR_KILL_SUIDGID on every chown of a non-directory (then
-set-user-ID goes, and set-group-ID with group-execute: what the kernel itself
-does for a filesystem without KILLPRIV, so for pyfuse3).
+Set-user-ID bits: as with pyfuse3, open, create and a size change pass the
+caller (`creds.caller`, read from /proc) to the facade, and the kernel does
+the rest of Linux's rules itself (chown clears set-user-ID: it sends the new
+mode in the SETATTR), because this engine does not ask for
+FUSE_HANDLE_KILLPRIV_V2 (`WANT`): with it the kernel leaves chown and
+truncate to the filesystem and says nothing on a chown(-1, -1), which on
+ext4 clears set-user-ID (tests/test_ext4_parity.py). A WRITE still says
+whether the writer lacks CAP_FSETID (FUSE_WRITE_KILL_SUIDGID, sent for every
+direct_io write): that flag decides, the writer rather than the opener.
 """
 from __future__ import annotations
 
+import errno
 import os
-import stat
 import time
-from dataclasses import replace
 
+from ..errors import NoAttribute, fs_error
 from ..fs.creds import Caller, caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.namespace import Inode
 from .common import ATTR_TIMEOUT
 from .kernel import abi
+from .kernel.negotiate import DEFAULT_WANT
 from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut
+
+# What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2 (see above).
+WANT = DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2
 
 
 class Operations:
@@ -45,10 +49,6 @@ class Operations:
     def __init__(self, afs: AsyncFilesystem):
         self.afs = afs
         self.chunk_size = afs.fs.arena.chunk_size
-        self.killpriv_v2 = False  # set from INIT: the kernel sends the KILL_SUIDGID flags
-
-    def init(self, negotiated) -> None:
-        self.killpriv_v2 = negotiated.has(abi.FUSE_HANDLE_KILLPRIV_V2)
 
     # ---- conversions -------------------------------------------------------
     def _attr(self, inode: Inode) -> Attr:
@@ -69,14 +69,10 @@ class Operations:
             flags |= abi.FOPEN_KEEP_CACHE
         return OpenOut(r.fh, flags)
 
-    def _caller(self, req, killed: bool | None = None) -> Caller:
-        """The request's sender; `killed` (from a KILL_SUIDGID flag, under KILLPRIV_V2) overrides
-        whether it holds CAP_FSETID."""
+    @staticmethod
+    def _caller(req) -> Caller:
         h = req.header
-        who = caller(h.uid, h.gid, h.pid)
-        if killed is not None and self.killpriv_v2:
-            who = replace(who, fsetid=not killed)
-        return who
+        return caller(h.uid, h.gid, h.pid)
 
     # ---- names -------------------------------------------------------------
     async def lookup(self, req) -> EntryOut:
@@ -104,15 +100,9 @@ class Operations:
             kw["atime_ns"] = time.time_ns() if v & abi.FATTR_ATIME_NOW else req.atime_ns
         if v & abi.FATTR_MTIME:
             kw["mtime_ns"] = time.time_ns() if v & abi.FATTR_MTIME_NOW else req.mtime_ns
-        kill = bool(v & abi.FATTR_KILL_SUIDGID)
         if v & abi.FATTR_SIZE:
             kw["size"] = req.size
-            kw["caller"] = self._caller(req, kill)
-        elif kill and v & (abi.FATTR_UID | abi.FATTR_GID) and "mode" not in kw:
-            mode = (await self.afs.getattr(req.nodeid)).mode
-            if not stat.S_ISDIR(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
-                drop = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
-                kw["mode"] = mode & 0o7777 & ~drop
+            kw["caller"] = self._caller(req)
         return self._attr_out(await self.afs.setattr(req.nodeid, **kw))
 
     async def mknod(self, req) -> EntryOut:
@@ -165,14 +155,12 @@ class Operations:
 
     # ---- files -------------------------------------------------------------
     async def open(self, req) -> OpenOut:
-        killed = bool(req.open_flags & abi.FUSE_OPEN_KILL_SUIDGID) if req.flags & os.O_TRUNC else None
-        return self._open_out(await self.afs.open(req.nodeid, req.flags, self._caller(req, killed)))
+        return self._open_out(await self.afs.open(req.nodeid, req.flags, self._caller(req)))
 
     async def create(self, req) -> CreateOut:
         h = req.header
-        killed = bool(req.open_flags & abi.FUSE_OPEN_KILL_SUIDGID) if req.flags & os.O_TRUNC else None
         r, inode = await self.afs.create(req.nodeid, req.name, req.mode, req.flags, h.uid, h.gid,
-                                         self._caller(req, killed))
+                                         self._caller(req))
         return CreateOut(self._entry(inode), self._open_out(r))
 
     async def read(self, req) -> bytes:
@@ -181,10 +169,8 @@ class Operations:
         return bytes(await self.afs.read(req.fh, req.offset, req.size))
 
     async def write(self, req) -> WriteOut:
-        if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID:
-            kill = True
-        else:
-            kill = False if self.killpriv_v2 else None
+        # the flag present: the writer lacks CAP_FSETID; absent: the opener decides (as with pyfuse3)
+        kill = True if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID else None
         return WriteOut(await self.afs.write(req.fh, req.offset, req.data, kill))
 
     async def flush(self, req) -> None:
@@ -201,6 +187,16 @@ class Operations:
         return await self.afs.getxattr(req.nodeid, req.name)
 
     async def setxattr(self, req) -> None:
+        # XATTR_CREATE / XATTR_REPLACE checked through getxattr first, as pyfuse3 does
+        if req.flags & os.XATTR_CREATE:
+            try:
+                await self.afs.getxattr(req.nodeid, req.name)
+            except NoAttribute:
+                pass
+            else:
+                raise fs_error(errno.EEXIST)
+        elif req.flags & os.XATTR_REPLACE:
+            await self.afs.getxattr(req.nodeid, req.name)
         await self.afs.setxattr(req.nodeid, req.name, bytes(req.value))
 
     async def listxattr(self, req) -> list[bytes]:
