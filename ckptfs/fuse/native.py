@@ -48,7 +48,6 @@ class TrioHandler:
         self.ops = ops
         self.token = token
         self.session: Session | None = None
-        self.syncfs_requests = 0
         self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
 
     def __getattr__(self, name: str):
@@ -61,7 +60,6 @@ class TrioHandler:
         return lambda req: trio.from_thread.run(self._run, op, req, trio_token=self.token)
 
     def syncfs(self, req) -> None:
-        self.syncfs_requests += 1
         log.info("syncfs", extra={"fields": {"pid": req.header.pid}})
         return trio.from_thread.run(self._interruptible, self.ops.syncfs, req, trio_token=self.token)
 
