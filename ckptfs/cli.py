@@ -62,6 +62,8 @@ def _mount(args) -> int:
     devices = check_devices(args.devices)
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"bad --threads {args.threads}: must be at least 1")
     max_lag = _max_lag(args.max_lag)
     from .store.pool import open_pool
     if args.format and memory < 2 * chunk:
@@ -77,7 +79,7 @@ def _mount(args) -> int:
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
                       max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
-                      metrics_addr=args.metrics_addr)
+                      metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads)
     if args.foreground:
         from .ops.logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
@@ -94,7 +96,9 @@ def _spawn_daemon(args, mp: str) -> int:
            "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
            "--max-lag", args.max_lag, "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
-           "--log-format", args.log_format, "--metrics-addr", args.metrics_addr]
+           "--log-format", args.log_format, "--metrics-addr", args.metrics_addr, "--engine", args.engine]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
     if args.metrics_port is not None:
         cmd += ["--metrics-port", str(args.metrics_port)]
     if args.force_recover:
@@ -330,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "shown by ckptfs status)")
     m.add_argument("--metrics-addr", default="127.0.0.1",
                    help="address the metrics endpoint binds to (default 127.0.0.1, this machine only)")
+    m.add_argument("--engine", choices=["pyfuse3", "native"], default="pyfuse3",
+                   help="FUSE front end: pyfuse3 (libfuse) or native (/dev/fuse spoken directly, several "
+                        "threads; falls back to pyfuse3 if it cannot start) (default %(default)s)")
+    m.add_argument("--threads", type=int, default=None,
+                   help="native engine: threads reading /dev/fuse (default: the CPU count)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 

@@ -6,11 +6,15 @@ too); `serve(config)` runs the daemon in the foreground:
 1. open the devices and check they form one pool (or format them first with
    --format), replay the journal, and rebuild the namespace;
 2. compact the journal into a fresh half on every device, so all mirrors agree;
-3. mount (pyfuse3.init) and tell the waiting parent through `ready_fd`
-   ("OK" or one error line);
+3. mount through the chosen front end and tell the waiting parent through
+   `ready_fd` ("OK" or one error line): pyfuse3 (pyfuse3.init), or with
+   `engine="native"` the kernel session of fuse/native.py; a native engine
+   that cannot start (no /dev/fuse permission, a kernel it cannot speak to)
+   is logged in one line and pyfuse3 serves instead;
 4. serve FUSE requests while the store drains in the background;
-5. on unmount (fusermount3 -u, `ckptfs umount`) or SIGTERM/SIGINT: commit
-   every changed file, wait until everything is on the devices, exit 0.
+5. on unmount (fusermount3 -u, `ckptfs umount`: the session ends) or
+   SIGTERM/SIGINT (lazy unmount first): commit every changed file, wait until
+   everything is on the devices, write the clean anchor, exit 0.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from .fs.arena import Arena
 from .fs.core import Filesystem
 from .fs.facade import AsyncFilesystem, Backend
 from .fs.namespace import ROOT_INO
+from .fuse.native import NativeEngine
 from .fuse.pyfuse3_ops import Operations
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
@@ -55,6 +60,8 @@ class MountConfig:
     journal_half: int = DEFAULT_JOURNAL_HALF
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
     metrics_addr: str = "127.0.0.1"
+    engine: str = "pyfuse3"  # the FUSE front end: "pyfuse3" or "native" (fuse/native.py)
+    threads: int | None = None  # native engine: worker threads (None: the CPUs this process may use)
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -188,7 +195,8 @@ def serve(cfg: MountConfig) -> int:
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
     control = ControlServer(path, mount.store, mount.monitor,
-                            info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None})
+                            info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None,
+                                  "engine": None})
     metrics = None
     if cfg.metrics_port is not None:
         try:
@@ -210,7 +218,7 @@ def serve(cfg: MountConfig) -> int:
         raise
     finally:
         if daemon.mounted:
-            pyfuse3.close(unmount=daemon.stopped_by_signal)
+            daemon.close_front_end()
         control.close()
         if metrics is not None:
             metrics.stop()
@@ -230,6 +238,7 @@ class _Daemon:
         self.metrics = metrics
         self.mounted = False
         self.stopped_by_signal = False  # unmount ourselves at close (fusermount3 -u failed)
+        self.native: NativeEngine | None = None  # the native front end, when it serves
 
     async def main(self) -> None:
         cfg, store, monitor = self.cfg, self.mount.store, self.mount.monitor
@@ -241,13 +250,18 @@ class _Daemon:
             from .ops.metrics import read_metrics
             token = trio.lowlevel.current_trio_token()
             self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
-        pyfuse3.init(self.mount.operations(), cfg.mountpoint, _mount_options())
+        if cfg.engine == "native":
+            self.native = await self._start_native()
+        if self.native is None:
+            pyfuse3.init(self.mount.operations(), cfg.mountpoint, _mount_options())
         self.mounted = True
+        self.control.info["engine"] = "pyfuse3" if self.native is None else "native"
+        self.control.info["threads"] = 1 if self.native is None else self.native.session.threads
         arena = self.mount.fs.arena
         log.info("mounted", extra={"fields": {
             "mountpoint": cfg.mountpoint, "memory": arena.capacity, "chunks": arena.nslots,
             "chunk_size": arena.chunk_size, "devices": ",".join(cfg.devices), "control": self.control.path,
-            "metrics": self.control.info["metrics_url"]}})
+            "metrics": self.control.info["metrics_url"], "engine": self.control.info["engine"]}})
         _tell_parent(cfg.ready_fd, "OK")
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
@@ -255,7 +269,10 @@ class _Daemon:
             nursery.start_soon(monitor.run)
             await nursery.start(self.control.serve)
             nursery.start_soon(self._watch_signals)
-            await pyfuse3.main()
+            if self.native is not None:
+                await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
+            else:
+                await pyfuse3.main()
             stats = store.statistics()
             log.info("unmounting", extra={"fields": {"pending_records": stats.records_pending,
                                                      "bytes_to_drain": store.undrained_bytes()}})
@@ -274,5 +291,30 @@ class _Daemon:
                                              check=False, capture_stderr=True)
                 if res.returncode != 0:
                     self.stopped_by_signal = True
-                    pyfuse3.terminate()
+                    if self.native is not None:
+                        try:
+                            self.native.unmount()
+                        except OSError as e:
+                            log.error("unmount.failed", extra={"fields": {"error": str(e)}})
+                    else:
+                        pyfuse3.terminate()
                 return
+
+    async def _start_native(self) -> NativeEngine | None:
+        """Mount through the native engine; None (and one log line) if it cannot start here."""
+        engine = NativeEngine(self.mount.afs, self.cfg.mountpoint, trio.lowlevel.current_trio_token(),
+                              threads=self.cfg.threads)
+        try:
+            await trio.to_thread.run_sync(engine.start)
+        except Exception as e:  # noqa: BLE001 - any failure to start falls back to pyfuse3
+            log.warning("engine.fallback", extra={"fields": {
+                "engine": "native", "error": f"{type(e).__name__}: {e}", "using": "pyfuse3"}})
+            return None
+        return engine
+
+    def close_front_end(self) -> None:
+        """After serving: release the FUSE session (unmounting if it is still mounted)."""
+        if self.native is not None:
+            self.native.close()
+        else:
+            pyfuse3.close(unmount=self.stopped_by_signal)

@@ -1,6 +1,13 @@
+import os
+
 import pytest
 
-from mounting import CkptMount, HAVE_FUSE
+from mounting import CkptMount, HAVE_FUSE, default_engine
+
+# Real-mount suites run once per FUSE front end (tests ask for it through the `engine`
+# fixture, which their mounts use). CKPTFS_TEST_ENGINE=pyfuse3|native runs one engine only,
+# and every other mount test with that engine.
+BOTH_ENGINES = {"test_posix", "test_writers", "test_ext4_parity", "test_durability"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -10,10 +17,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_generate_tests(metafunc):
+    if "engine" in metafunc.fixturenames and metafunc.module.__name__ in BOTH_ENGINES:
+        engines = [default_engine()] if os.environ.get("CKPTFS_TEST_ENGINE") else ["pyfuse3", "native"]
+        metafunc.parametrize("engine", engines, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def engine(request) -> str:
+    """The FUSE front end of this test's mounts (`ckptfs mount --engine`)."""
+    return getattr(request, "param", None) or default_engine()
+
+
 @pytest.fixture
-def ckpt(tmp_path):
+def ckpt(tmp_path, engine):
     """A live ckptfs mount over two 1 GiB file-backed devices, 512M of memory."""
-    m = CkptMount(tmp_path)
+    m = CkptMount(tmp_path, engine=engine)
     m.mount()
     try:
         yield m
@@ -22,11 +41,12 @@ def ckpt(tmp_path):
 
 
 @pytest.fixture
-def ckpt_factory(tmp_path):
+def ckpt_factory(tmp_path, engine):
     """Make mounts with custom settings: ckpt_factory(memory="64M", ndev=4)."""
     made = []
 
     def make(**kw):
+        kw.setdefault("engine", engine)
         m = CkptMount(tmp_path / f"m{len(made)}", **kw)
         made.append(m)
         return m

@@ -4,6 +4,10 @@
 `umount`), so tests exercise the CLI, the daemon and the FUSE layer together.
 `close()` always leaves nothing mounted and no daemon running, even after a
 failed test or a killed daemon.
+
+The FUSE front end is `engine` (`--engine`), by default the environment
+variable CKPTFS_TEST_ENGINE, else pyfuse3; conftest.py runs the real-mount
+suites with each engine.
 """
 from __future__ import annotations
 
@@ -17,6 +21,14 @@ from pathlib import Path
 import pytest
 
 HAVE_FUSE = os.path.exists("/dev/fuse") and os.geteuid() == 0
+ENGINES = ("pyfuse3", "native")
+
+
+def default_engine() -> str:
+    engine = os.environ.get("CKPTFS_TEST_ENGINE", "pyfuse3")
+    if engine not in ENGINES:
+        raise ValueError(f"CKPTFS_TEST_ENGINE={engine!r}: expected one of {', '.join(ENGINES)}")
+    return engine
 needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 
 
@@ -61,13 +73,14 @@ def make_devices(root: Path, n: int, size: int, prefix: str = "dev") -> list[Pat
 
 class CkptMount:
     def __init__(self, root: Path, *, ndev: int = 2, dev_size: int = 1 << 30, memory: str = "512M",
-                 extra: tuple[str, ...] = ()):
+                 extra: tuple[str, ...] = (), engine: str | None = None):
         self.root = Path(root)
         self.path = self.root / "mnt"
         self.path.mkdir(parents=True, exist_ok=True)
         self.devices = make_devices(self.root / "devices", ndev, dev_size)
         self.memory = memory
         self.extra = tuple(extra)
+        self.engine = engine or default_engine()
         self.pid: int | None = None
         self.log = self.root / "daemon.log"
         self.formatted = False
@@ -80,7 +93,7 @@ class CkptMount:
         """Mount; the first mount formats the fresh device files."""
         fmt = () if self.formatted else ("--format",)
         res = ckptfs("mount", str(self.path), "--devices", self.device_arg, "--memory", self.memory,
-                     "--log-file", str(self.log), *fmt, *self.extra, *more)
+                     "--log-file", str(self.log), "--engine", self.engine, *fmt, *self.extra, *more)
         self.formatted = self.formatted or res.returncode == 0
         if res.returncode != 0:
             raise AssertionError(f"mount failed ({res.returncode}): {res.stderr}\n{self.log_text()}")

@@ -3,13 +3,15 @@ import errno
 import json
 import os
 import random
+import signal
+import subprocess
 import threading
 import time
 
 import psutil
 import pytest
 
-from mounting import CkptMount
+from mounting import CkptMount, is_mounted, poll
 
 pytestmark = pytest.mark.mount
 
@@ -176,3 +178,35 @@ def test_mount_refuses_to_roll_back_a_damaged_newest_journal_half(ckpt):
     ckpt.mount("--force-recover")  # the operator accepts the older state
     assert "recovery.rolled_back" in ckpt.log_text()
     assert _status(ckpt)["recovery"]["warnings"]
+
+
+def test_status_names_the_engine(ckpt, engine):
+    st = _status(ckpt)
+    assert st["engine"] == engine
+    assert st["threads"] >= 1
+
+
+def test_sigterm_unmounts_drains_and_closes_clean(ckpt):
+    random_file(ckpt.path / "a", 12 << 20, seed=7)
+    pid = ckpt.pid
+    os.kill(pid, signal.SIGTERM)
+    poll(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+         "the daemon to exit after SIGTERM")
+    ckpt.pid = None
+    assert not is_mounted(ckpt.path)
+    log = ckpt.log_text()
+    assert "signal signal=SIGTERM" in log and "durable=true" in log, log
+    ckpt.mount()
+    assert _status(ckpt)["recovery"]["clean"] is True
+    assert same_as_seed(ckpt.path / "a", 12 << 20, seed=7)
+
+
+def test_plain_sync_makes_a_closed_file_durable_if_the_kernel_sends_syncfs(ckpt, engine):
+    if engine != "native":
+        pytest.skip("pyfuse3 (libfuse 3.14) does not serve SYNCFS")
+    (ckpt.path / "a").write_bytes(b"s" * (3 << 20))
+    subprocess.run(["sync"], check=True)
+    if " syncfs " not in ckpt.log_text():
+        pytest.skip("the kernel sent no SYNCFS for `sync`: it does so only for connections that set "
+                    "sync_fs (virtiofs), not for /dev/fuse mounts (docs/ENGINE.md)")
+    assert os.getxattr(ckpt.path / "a", "user.ckptfs.state") == b"durable"

@@ -34,10 +34,10 @@ pytestmark = pytest.mark.mount
 
 
 @pytest.fixture(scope="module")
-def mnt():
+def mnt(engine):
     root = Path(tempfile.mkdtemp(prefix="ckptfs-parity-", dir="/tmp"))
     root.chmod(0o755)  # nobody must reach the mount
-    m = CkptMount(root)
+    m = CkptMount(root, engine=engine)
     m.mount()
     try:
         yield m

@@ -72,6 +72,7 @@ def test_parses_fstab_style_options():
     assert H.parse_options("") == {}
     assert H.parse_options("memory=25%")["memory"] == "25%"
     assert H.parse_options("memory=1.5GiB")["memory"] == "1.5GiB"
+    assert H.parse_options("engine=native,threads=4") == {"engine": "native", "threads": 4}
 
 
 @pytest.mark.parametrize("text, words", [
@@ -82,6 +83,8 @@ def test_parses_fstab_style_options():
     ("fsync=never", ["fsync=never", "durable or absorb"]),
     ("queue_depth=0", ["queue_depth=0", "at least 1"]),
     ("queue_depth=x", ["queue_depth=x"]),
+    ("engine=fast", ["engine=fast", "pyfuse3, native"]),
+    ("threads=0", ["threads=0", "at least 1"]),
     ("max_lag=0", ["max_lag=0", "above 0"]),
     ("max_lag=-1", ["max_lag=-1"]),
     ("max_lag=soon", ["max_lag=soon"]),
@@ -130,11 +133,12 @@ def test_parses_argv_as_mount_passes_it():
 
 def test_translates_to_the_ckptfs_command_line():
     args = H.parse_argv(["/dev/a,/dev/b", "/ckpt", "-o", "memory=8G,fsync=absorb,queue_depth=4,max_lag=1.5,"
-                                                          "foreground"])
+                                                          "engine=native,threads=3,foreground"])
     fmt, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert fmt is None
     assert cmd == ["/x/ckptfs", "mount", "/ckpt", "--devices", "/dev/a,/dev/b", "--memory", "8G",
-                   "--fsync", "absorb", "--queue-depth", "4", "--max-lag", "1.5", "--foreground"]
+                   "--fsync", "absorb", "--queue-depth", "4", "--max-lag", "1.5", "--engine", "native",
+                   "--threads", "3", "--foreground"]
 
 
 def test_fake_mount_validates_and_says_what_it_would_run(tmp_path):

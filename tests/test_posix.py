@@ -38,11 +38,11 @@ def renameat2(old, new, flags: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnt():
+def mnt(engine):
     # under a 0755 directory, so that other users (test_other_users_...) can reach the mount
     root = Path(tempfile.mkdtemp(prefix="ckptfs-posix-", dir="/tmp"))
     root.chmod(0o755)
-    m = CkptMount(root)
+    m = CkptMount(root, engine=engine)
     m.mount()
     try:
         yield m

@@ -25,8 +25,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def mnt(tmp_path_factory):
-    m = CkptMount(tmp_path_factory.mktemp("writers"), ndev=2, dev_size=2 << 30, memory="1G")
+def mnt(tmp_path_factory, engine):
+    m = CkptMount(tmp_path_factory.mktemp("writers"), ndev=2, dev_size=2 << 30, memory="1G", engine=engine)
     m.mount()
     try:
         yield m

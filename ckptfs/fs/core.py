@@ -28,7 +28,7 @@ import errno
 import os
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from .arena import Arena
@@ -309,14 +309,21 @@ class Filesystem:
         inode = self.handle(fh).inode
         return inode.data.read(off, size, inode.size)
 
-    def write(self, fh: int, off: int, buf) -> int:
-        """Write `buf` at `off` (at EOF for O_APPEND); short only when the arena filled up."""
+    def write(self, fh: int, off: int, buf, kill_setid: bool | None = None) -> int:
+        """Write `buf` at `off` (at EOF for O_APPEND); short only when the arena filled up.
+
+        Whether the write clears setid bits is decided by the caller that opened the handle,
+        unless `kill_setid` says what the kernel knows of the writer itself (FUSE's
+        FUSE_WRITE_KILL_SUIDGID: True, the writer lacks CAP_FSETID; False, it holds it)."""
         h = self.handle(fh)
         if not h.writable:
             raise fs_error(errno.EBADF)
         inode = h.inode
         if inode.mode & SETID:
-            self._drop_setid(inode, h.caller)
+            who = h.caller
+            if kill_setid is not None and who is not None:
+                who = replace(who, fsetid=not kill_setid)
+            self._drop_setid(inode, who)
         if h.append:
             off = inode.size
         n = inode.data.write(off, buf)

@@ -9,7 +9,7 @@ today, a native engine later) is a thin 1:1 translation of requests:
 - NoSpace: wait for room (`Backend.room`: backpressure while the drain frees
   memory), then retry; False means room will never come (ENOSPC, or the
   bytes written so far);
-- fsync and fsyncdir: `Backend.sync`;
+- fsync, fsyncdir and syncfs (`sync`): `Backend.sync`;
 - the absorbed-bytes counter (`Backend.absorbed`);
 - lookup counts of READDIRPLUS entries (`entry_sent`);
 - who is asking: open, create and a size change take the caller
@@ -124,8 +124,12 @@ class AsyncFilesystem:
             inode.lookups += 1
 
     async def fsyncdir(self) -> None:
+        await self.sync(None)
+
+    async def sync(self, ino: int | None = None) -> None:
+        """Wait until file `ino` (None: everything, as syncfs) and all before it are durable."""
         if self.backend.sync is not None:
-            await self.backend.sync(None)
+            await self.backend.sync(ino)
 
     # ---- files -----------------------------------------------------------
     async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
@@ -138,14 +142,17 @@ class AsyncFilesystem:
     async def read(self, fh: int, off: int, size: int):
         return await self._fetching(self.fs.read, fh, off, size)
 
-    async def write(self, fh: int, off: int, buf) -> int:
-        """All of `buf` at `off`, waiting for memory as needed; short only if room never comes."""
+    async def write(self, fh: int, off: int, buf, kill_setid: bool | None = None) -> int:
+        """All of `buf` at `off`, waiting for memory as needed; short only if room never comes.
+
+        `kill_setid`: what the kernel said of the writer (True: it lacks CAP_FSETID, so the write
+        clears set-user-ID bits; False: it holds it); None: the opener decides (core.write)."""
         done = 0
         view = memoryview(buf)
         try:
             while True:
                 try:
-                    done += self.fs.write(fh, off + done, view[done:])
+                    done += self.fs.write(fh, off + done, view[done:], kill_setid)
                     if done == len(view):
                         return done
                 except NeedsFetch as e:
@@ -162,9 +169,7 @@ class AsyncFilesystem:
         self.fs.handle(fh)
 
     async def fsync(self, fh: int) -> None:
-        ino = self.fs.handle(fh).inode.ino
-        if self.backend.sync is not None:
-            await self.backend.sync(ino)
+        await self.sync(self.fs.handle(fh).inode.ino)
 
     async def release(self, fh: int) -> None:
         self.fs.release(fh)

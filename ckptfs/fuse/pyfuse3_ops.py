@@ -22,10 +22,9 @@ from ..errors import errno_of
 from ..fs.creds import caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.namespace import Inode
+from .common import ATTR_TIMEOUT
 
 log = logging.getLogger("ckptfs.fuse")
-
-ATTR_TIMEOUT = 1.0
 
 
 def _guard(fn):

@@ -65,6 +65,8 @@ def render(st: dict, limit: int = 20):
     head.append("ckptfs ", style="bold")
     head.append(f"{st.get('mountpoint', '?')}", style="bold")
     head.append(f"  daemon pid {st.get('pid')}  up {human_seconds(st.get('uptime'))}")
+    if st.get("engine"):
+        head.append(f"  engine {st['engine']}" + (f" ({st['threads']} threads)" if st.get("engine") == "native" else ""))
     if st.get("metrics_url"):
         head.append(f"  metrics {st['metrics_url']}")
     parts.append(head)

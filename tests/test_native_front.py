@@ -1,0 +1,91 @@
+"""The native front end without a kernel: the bridge to trio, interrupts, the daemon's fallback."""
+import errno
+import logging
+import threading
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from ckptfs import daemon
+from ckptfs.errors import FsError
+from ckptfs.fuse.native import TrioHandler
+from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
+
+
+def _header(unique: int) -> Header:
+    return Header(length=0, opcode=0, unique=unique, nodeid=1, uid=0, gid=0, pid=0)
+
+
+class FakeOps:
+    def __init__(self):
+        self.thread = None
+
+    async def getattr(self, req):
+        self.thread = threading.get_ident()
+        return "attr"
+
+    async def fsync(self, req):
+        await trio.sleep_forever()
+
+    async def readlink(self, req):
+        raise KeyError("a bug")
+
+
+def _serve(fn):
+    """Run fn(handler, trio thread id) in a worker thread while trio runs; its result."""
+    out = {}
+
+    async def main():
+        handler = TrioHandler(FakeOps(), trio.lowlevel.current_trio_token())
+        out["result"] = await trio.to_thread.run_sync(fn, handler, threading.get_ident())
+
+    trio.run(main)
+    return out["result"]
+
+
+def test_requests_run_on_the_trio_thread_and_missing_ones_are_enosys():
+    def fn(h, trio_thread):
+        assert h.getattr(Getattr(_header(1), 0, 0)) == "attr"
+        assert h.ops.thread == trio_thread != threading.get_ident()
+        assert not hasattr(h, "lseek") and not hasattr(h, "_scopes_x")
+        with pytest.raises(FsError) as e:
+            h.readlink(Getattr(_header(2), 0, 0))
+        return e.value.errno
+    assert _serve(fn) == errno.EIO
+
+
+def test_an_interrupt_cancels_a_waiting_fsync_with_eintr():
+    def fn(h, trio_thread):
+        done = threading.Event()
+
+        def interrupt():  # until it lands: the first may come before the fsync is registered
+            while not done.wait(0.05):
+                h.interrupt(7)
+        t = threading.Thread(target=interrupt)
+        t.start()
+        try:
+            with pytest.raises(FsError) as e:
+                h.fsync(Fsync(_header(7), 1, 0))
+        finally:
+            done.set()
+            t.join()
+        return e.value.errno
+    assert _serve(fn) == errno.EINTR
+
+
+def test_a_native_engine_that_cannot_start_falls_back_in_one_log_line(monkeypatch, caplog):
+    class Refused:
+        def __init__(self, *a, **kw):
+            pass
+
+        def start(self):
+            raise PermissionError(errno.EACCES, "Permission denied", "/dev/fuse")
+
+    monkeypatch.setattr(daemon, "NativeEngine", Refused)
+    cfg = SimpleNamespace(mountpoint="/nowhere", threads=None)
+    d = daemon._Daemon(cfg, SimpleNamespace(afs=None), control=None, metrics=None)
+    with caplog.at_level(logging.INFO, logger="ckptfs.daemon"):
+        assert trio.run(d._start_native) is None
+    lines = [r for r in caplog.records if r.getMessage() == "engine.fallback"]
+    assert len(lines) == 1 and "Permission denied" in lines[0].fields["error"]
