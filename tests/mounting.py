@@ -11,12 +11,16 @@ suites with each engine.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -69,6 +73,21 @@ def make_devices(root: Path, n: int, size: int, prefix: str = "dev") -> list[Pat
             f.truncate(size)
         devs.append(p)
     return devs
+
+
+@contextlib.contextmanager
+def reachable_mount(prefix: str, engine: str | None = None) -> Iterator["CkptMount"]:
+    """A mount under a fresh 0755 folder in /tmp, so that other users (nobody) can reach it; for
+    module-scoped fixtures. Always unmounted and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    root.chmod(0o755)
+    m = CkptMount(root, engine=engine)
+    m.mount()
+    try:
+        yield m
+    finally:
+        m.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class CkptMount:

@@ -21,13 +21,12 @@ import re
 import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from ext4 import ext4_tmpdir
-from mounting import CkptMount
+from mounting import reachable_mount
 from nobody import NOBODY, as_user
 
 pytestmark = pytest.mark.mount
@@ -35,15 +34,9 @@ pytestmark = pytest.mark.mount
 
 @pytest.fixture(scope="module")
 def mnt(engine):
-    root = Path(tempfile.mkdtemp(prefix="ckptfs-parity-", dir="/tmp"))
-    root.chmod(0o755)  # nobody must reach the mount
-    m = CkptMount(root, engine=engine)
-    m.mount()
-    try:
+    # under a 0755 folder, so that other users (the tests as nobody) can reach the mount
+    with reachable_mount("ckptfs-parity-", engine) as m:
         yield m
-    finally:
-        m.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,14 @@ import ctypes
 import errno
 import mmap
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from ckptfs.format.layout import plan
-from mounting import CkptMount
+from mounting import reachable_mount
 
 pytestmark = pytest.mark.mount
 
@@ -39,16 +37,9 @@ def renameat2(old, new, flags: int) -> None:
 
 @pytest.fixture(scope="module")
 def mnt(engine):
-    # under a 0755 directory, so that other users (test_other_users_...) can reach the mount
-    root = Path(tempfile.mkdtemp(prefix="ckptfs-posix-", dir="/tmp"))
-    root.chmod(0o755)
-    m = CkptMount(root, engine=engine)
-    m.mount()
-    try:
+    # under a 0755 folder, so that other users (the tests as nobody) can reach the mount
+    with reachable_mount("ckptfs-posix-", engine) as m:
         yield m
-    finally:
-        m.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
