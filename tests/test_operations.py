@@ -71,8 +71,11 @@ class Watch:
     """`ckptfs status MOUNT --watch --json`: one snapshot per interval, collected in a thread."""
 
     def __init__(self, m, interval=0.1):
+        # as at a terminal, Ctrl-C (SIGINT) must reach it: a test run started in the background
+        # (`make test &`) would otherwise pass on an ignored SIGINT and stop() would time out
         self.proc = subprocess.Popen([sys.executable, "-m", "ckptfs", "status", str(m.path), "--watch", "--json",
-                                      "--interval", str(interval)], stdout=subprocess.PIPE, text=True)
+                                      "--interval", str(interval)], stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.snaps: list[dict] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
