@@ -66,8 +66,9 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     save_cpu = _get(save, "ckptfs_daemon_cpu_s_per_gib")
     w_shm = _get(save, "writer_cpu_s_per_gib", "shm", "median")
     w_ck = _get(save, "writer_cpu_s_per_gib", "ckptfs", "median")
-    absorb_cpu = _get(results, "scale", "absorb", "ckptfs_daemon_cpu_s_per_gib")
-    rest = _get(results, "restore", "rows", "ckptfs", default={}) or {}
+    absorb_rows = _get(results, "scale", "absorb", "rows", default=[]) or []
+    absorb_cpu = _get(absorb_rows[0] if absorb_rows else {}, "daemon_cpu_s_per_gib", "ckptfs-pyfuse3")
+    rest = _get(results, "restore", "rows", "ckptfs-pyfuse3@1", default={}) or {}
     read_cpu = _get(rest, "read_daemon_cpu_s_per_gib", "median")
     train = results.get("training") or {}
     ckpt_mib = (_get(train, "config", "checkpoint_bytes") or 0) / 2**20

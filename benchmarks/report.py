@@ -101,17 +101,17 @@ def training_md(d: dict) -> str:
 
 def restore_md(d: dict) -> str:
     rows = []
-    for name, r in d["rows"].items():
-        rows.append([r["label"], fs(r["load_s"]), fs(r["load_gbps"]), fs(r["read_gbps"]),
-                     fs(r.get("mount_s")) if "mount_s" in r else "–"])
-    out = (f"{d['config']['bytes'] / 2**30:.2f} GiB state dict; median of {d['config']['repeats']} rounds.\n\n" +
-           table(["source", "torch.load (s)", "torch.load GB/s", "plain read GB/s", "remount (s)"], rows))
+    for r in d["rows"].values():
+        cpu = (f"{fs(r['load_daemon_cpu_s_per_gib'])} / {fs(r['read_daemon_cpu_s_per_gib'])}"
+               if "load_daemon_cpu_s_per_gib" in r else "–")
+        rows.append([str(r["readers"]), r["label"], fs(r["load_s"]), fs(r["load_gbps"]), fs(r["read_gbps"]),
+                     fs(r.get("mount_s")) if "mount_s" in r else "–", cpu])
+    out = (f"{d['config']['bytes'] / 2**30:.2f} GiB state dict per reader, each reader its own; median of "
+           f"{d['config']['repeats']} rounds; GB/s aggregate.\n\n" +
+           table(["readers", "source", "torch.load (s)", "torch.load GB/s", "plain read GB/s", "remount (s)",
+                  "daemon CPU s/GiB (load / read)"], rows))
     out += "\n\n" + table(["ratio, round by round", "median (min–max)"],
                           [[k.replace("_", " "), fs(v)] for k, v in d["ratios"].items()])
-    ck = d["rows"]["ckptfs"]
-    if "load_daemon_cpu_s_per_gib" in ck:
-        out += (f"\n\nckptfs daemon CPU per GiB served: torch.load {fs(ck['load_daemon_cpu_s_per_gib'])} s, "
-                f"plain read {fs(ck['read_daemon_cpu_s_per_gib'])} s.")
     return out
 
 
@@ -119,12 +119,17 @@ def scale_md(d: dict) -> str:
     parts = []
     if "absorb" in d:
         a = d["absorb"]
-        rows = [[str(r["writers"]), fs(r["ckptfs_bps"], 1e-9), fs(r["shm_bps"], 1e-9), fs(r["ratio_ckptfs_over_shm"])]
-                for r in a["rows"]]
-        parts.append(f"Absorb: each writer process writes {a['per_writer_bytes'] / 2**20:.0f} MiB in 64 MiB "
-                     f"write() calls (GB/s, aggregate).\n\n" +
-                     table(["writers", "ckptfs GB/s", "/dev/shm GB/s", "ckptfs / shm"], rows) +
-                     f"\n\nckptfs daemon CPU per GiB absorbed: {a['ckptfs_daemon_cpu_s_per_gib']:.2f} s.")
+        engines = [s for s in a["systems"] if s != "shm"]
+        head = ["savers", "/dev/shm GB/s"] + [h for s in engines for h in (f"{s} GB/s", f"{s} / shm",
+                                                                            f"{s} daemon CPU s/GiB")]
+        rows = [[str(r["writers"]), fs(r["bps"]["shm"], 1e-9)] +
+                [c for s in engines for c in (fs(r["bps"][s], 1e-9), fs(r["ratio_over_shm"][s]),
+                                              f"{r['daemon_cpu_s_per_gib'][s]:.2f}")] for r in a["rows"]]
+        how = ("torch.save of a state dict of random fp32 tensors" if a["saver"] == "torch"
+               else "64 MiB write() calls")
+        parts.append(f"Absorb: N processes each save {a['per_writer_bytes'] / 2**20:.0f} MiB at once ({how}; GB/s "
+                     f"aggregate; daemon CPU seconds per GiB absorbed, measured over the saves).\n\n" +
+                     table(head, rows))
     if "durable" in d:
         rows = []
         for r in d["durable"]["rows"]:
@@ -220,7 +225,7 @@ def _paired_bars(ax, labels: list[str], series: list[tuple[str, list[dict]]], sc
 def plot_restore(d: dict, plt) -> Path:
     rows = d["rows"]
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    _paired_bars(ax, [r["label"] for r in rows.values()],
+    _paired_bars(ax, [f"{r['label']}, {r['readers']} reader(s)" for r in rows.values()],
                  [(lab, [r[key] for r in rows.values()]) for key, lab in (("load_gbps", "torch.load"),
                                                                          ("read_gbps", "plain read"))])
     ax.set_ylabel("GB/s (median, min–max)")
@@ -244,11 +249,10 @@ def plot_scale(d: dict, plt) -> Path:
     fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 4), squeeze=False)
     axes = dict(zip(parts, axes[0]))
     if "absorb" in d:
-        rows = d["absorb"]["rows"]
-        _lines(axes["absorb"], [r["writers"] for r in rows],
-               [(lab, [stats([v / 1e9 for v in r[key]["runs"]]) for r in rows])
-                for key, lab in (("ckptfs_bps", "ckptfs"), ("shm_bps", "/dev/shm"))],
-               "writer processes", "aggregate absorb GB/s", "absorb")
+        a = d["absorb"]
+        _lines(axes["absorb"], [r["writers"] for r in a["rows"]],
+               [(s, [stats([v / 1e9 for v in r["bps"][s]["runs"]]) for r in a["rows"]]) for s in a["systems"]],
+               "concurrent savers", "aggregate absorb GB/s", "absorb")
         axes["absorb"].legend(fontsize=8)
     if "durable" in d:
         rows = d["durable"]["rows"]

@@ -1,23 +1,28 @@
-"""Case 3, restore: torch.load of a checkpoint from ckptfs after a remount vs from ext4, cold.
+"""Case 3, restore: torch.load of checkpoints from ckptfs after a remount vs from ext4, cold.
 
-One random state dict (1 GiB by default) is saved once into a ckptfs mount
-(two file-backed devices on the root disk) and fsynced, and once into ext4
-on the same disk and fsynced; the mount is then unmounted, so its data is
-only on the devices. Each round, in rotated order:
+N random state dicts (`--size` each, 1 GiB by default; N = the largest of
+`--readers`, default 1 and 4) are saved once into a ckptfs mount per engine
+(`--engines`, default pyfuse3 and native; two file-backed devices each on
+the root disk) and fsynced, and once into ext4 on the same disk and fsynced;
+the mounts are then unmounted, so their data is only on the devices. Each
+round, for each reader count n, in rotated order:
 
-  ckptfs  mount again (the journal is replayed; the mount time is recorded),
-          drop the page cache, time torch.load; unmount. Then the same with
-          a plain sequential read (64 MiB read() calls) in place of torch.load;
-  ext4    drop the page cache (echo 3 > /proc/sys/vm/drop_caches), time
-          torch.load; then drop it again and time the plain read.
+  ckptfs-E  mount again with engine E (the journal is replayed; the mount
+            time is recorded), drop the page cache, n processes released by
+            one barrier each torch.load their own shard; unmount. Then the
+            same with a plain sequential read (64 MiB read() calls);
+  ext4      drop the page cache (echo 3 > /proc/sys/vm/drop_caches), the same
+            n loads; then drop it again and the same n plain reads.
 
-The first load from each is checked tensor by tensor against what was saved.
-Restore speed = file bytes / seconds; the ratio ckptfs / ext4 is taken round
-by round (target >= 1).
+Every load is checked tensor by tensor against what was saved (in the
+reader). Restore speed = bytes loaded / (last end - first start); the ratio
+ckptfs / ext4 is taken round by round (target >= 1). Next to each: the
+daemon's CPU seconds per GiB served.
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import shutil
 import sys
 import time
@@ -29,105 +34,147 @@ from common import (SCRATCH, GiB, MiB, drop_caches, file_devices, finish, fsync_
                     pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, stats, target)
 
 READ_BLOCK = 64 * MiB
+EXT4 = "ext4"
 
 
-def timed_load(path: Path, expect: dict | None) -> float:
-    t0 = time.perf_counter()
+def _load(path: Path, seed: int | None, size: int) -> None:
     sd = torch.load(path, map_location="cpu", weights_only=True)
-    dt = time.perf_counter() - t0
-    if expect is not None:
+    if seed is not None:
+        expect = random_state_dict(size, seed=seed)
         bad = [k for k in expect if not torch.equal(sd[k], expect[k])]
         if bad or set(sd) != set(expect):
             raise SystemExit(f"restore: {path} did not load back what was saved ({bad[:3]} ...)")
-    return dt
 
 
-def timed_read(path: Path) -> float:
+def _read(path: Path) -> None:
     buf = bytearray(READ_BLOCK)
-    t0 = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass
-    return time.perf_counter() - t0
+
+
+def _reader(what: str, path: str, seed: int | None, size: int, barrier, out) -> None:
+    barrier.wait()
+    t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+    if what == "load":
+        _load(Path(path), None, size)
+    else:
+        _read(Path(path))
+    t1 = time.perf_counter()
+    if what == "load" and seed is not None:  # checked after the clock stops
+        _load(Path(path), seed, size)
+    out.put((t0, t1))
+
+
+def timed(what: str, directory: Path, n: int, size: int, check: bool) -> float:
+    """n processes at once each load (or read) shard i of `directory`: seconds from first start to last end."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_reader, args=(what, str(directory / f"shard{i}.pt"), i if check else None, size,
+                                               barrier, out)) for i in range(n)]
+    for p in procs:
+        p.start()
+    spans = [out.get(timeout=900) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"reader process failed ({p.exitcode})")
+    return max(e for _, e in spans) - min(s for s, _ in spans)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G")
+    ap.add_argument("--size", default="1G", help="bytes of each reader's shard")
+    ap.add_argument("--readers", default="1,4", help="concurrent restoring processes")
+    ap.add_argument("--engines", default="pyfuse3,native", help="FUSE engines, each its own pool")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory", default="3G")
     ap.add_argument("--scratch", type=Path, default=SCRATCH / "restore")
     args = ap.parse_args(argv)
-    size = parse_size(args.size)
+    size, readers, engines = parse_size(args.size), [int(x) for x in args.readers.split(",")], args.engines.split(",")
+    shards = max(readers)
     scratch = args.scratch.resolve()
     scratch.mkdir(parents=True, exist_ok=True)
-    ext4 = scratch / "ext4"
-    shutil.rmtree(ext4, ignore_errors=True)
-    ext4.mkdir()
-    mnt = scratch / "mnt"
+    dirs = {EXT4: scratch / "ext4", **{f"ckptfs-{e}": scratch / f"mnt-{e}" for e in engines}}
+    shutil.rmtree(dirs[EXT4], ignore_errors=True)
+    dirs[EXT4].mkdir()
+    systems = [*dirs]
+    devices = {e: file_devices(scratch / f"devices-{e}", 2, shards * size * 5 // 4 + GiB) for e in engines}
     log = scratch / "daemon.log"
-    devices = file_devices(scratch / "devices", 2, size + GiB)
-    sd = random_state_dict(size, seed=3)
-    res: dict[str, list[float]] = {k: [] for k in ("ckptfs_load", "ckptfs_read", "ckptfs_mount", "ext4_load",
-                                                   "ext4_read", "ckptfs_load_daemon_cpu", "ckptfs_read_daemon_cpu")}
+    res = {(s, what, n): [] for s in systems for what in ("load", "read") for n in readers}
+    cpu = {(s, what, n): [] for s in systems for what in ("load", "read") for n in readers}
+    mount_s: dict[str, list[float]] = {s: [] for s in systems}
     t_start = time.perf_counter()
     try:
-        with mounted(mnt, devices, args.memory, log_file=log):
-            torch.save(sd, mnt / "ckpt.pt")
-            fsync_path(mnt / "ckpt.pt")
-        torch.save(sd, ext4 / "ckpt.pt")
-        fsync_path(ext4 / "ckpt.pt")
-        nbytes = (ext4 / "ckpt.pt").stat().st_size
+        for i in range(shards):
+            sd = random_state_dict(size, seed=i)
+            for s in systems:
+                if s == EXT4:
+                    torch.save(sd, dirs[s] / f"shard{i}.pt")
+                    fsync_path(dirs[s] / f"shard{i}.pt")
+                    continue
+                with mounted(dirs[s], devices[s.split("-", 1)[1]], args.memory, fmt=i == 0, log_file=log,
+                             extra=("--engine", s.split("-", 1)[1])):
+                    torch.save(sd, dirs[s] / f"shard{i}.pt")
+                    fsync_path(dirs[s] / f"shard{i}.pt")
+            del sd
+        nbytes = (dirs[EXT4] / "shard0.pt").stat().st_size
         for rnd in range(args.repeats):
-            expect = sd if rnd == 0 else None
-            for system in rotated(["ckptfs", "ext4"], rnd):
-                if system == "ckptfs":
+            for n in readers:
+                for s in rotated(systems, rnd + n):
                     for what in ("load", "read"):
+                        check = rnd == 0 and what == "load"
+                        if s == EXT4:
+                            drop_caches()
+                            res[s, what, n].append(timed(what, dirs[s], n, size, check))
+                            continue
+                        engine = s.split("-", 1)[1]
                         t0 = time.perf_counter()
-                        with mounted(mnt, devices, args.memory, fmt=False, log_file=log) as pid:
-                            res["ckptfs_mount"].append(time.perf_counter() - t0)
+                        with mounted(dirs[s], devices[engine], args.memory, fmt=False, log_file=log,
+                                     extra=("--engine", engine)) as pid:
+                            mount_s[s].append(time.perf_counter() - t0)
                             drop_caches()
                             cpu0 = proc_cpu_seconds(pid)
-                            dt = timed_load(mnt / "ckpt.pt", expect) if what == "load" else timed_read(mnt / "ckpt.pt")
-                            res[f"ckptfs_{what}"].append(dt)
-                            res[f"ckptfs_{what}_daemon_cpu"].append(proc_cpu_seconds(pid) - cpu0)
-                else:
-                    drop_caches()
-                    res["ext4_load"].append(timed_load(ext4 / "ckpt.pt", expect))
-                    drop_caches()
-                    res["ext4_read"].append(timed_read(ext4 / "ckpt.pt"))
-                print(f"round {rnd + 1} {system:6s} torch.load {res[system + '_load'][-1]:.3f} s, "
-                      f"read {res[system + '_read'][-1]:.3f} s", flush=True)
+                            res[s, what, n].append(timed(what, dirs[s], n, size, check))
+                            cpu[s, what, n].append((proc_cpu_seconds(pid) - cpu0) / (n * nbytes / GiB))
+                    print(f"round {rnd + 1} {n} reader(s) {s:15s} torch.load {res[s, 'load', n][-1]:.3f} s, "
+                          f"read {res[s, 'read', n][-1]:.3f} s", flush=True)
     finally:
-        shutil.rmtree(ext4, ignore_errors=True)
-        for d in devices:
-            d.unlink(missing_ok=True)
+        shutil.rmtree(dirs[EXT4], ignore_errors=True)
+        for devs in devices.values():
+            for d in devs:
+                d.unlink(missing_ok=True)
 
-    rows = {}
-    for system in ("ckptfs", "ext4"):
-        rows[system] = {
-            "label": "torch.load ← ckptfs (remounted)" if system == "ckptfs" else "torch.load ← ext4 (cold cache)",
-            "load_s": stats(res[f"{system}_load"]), "read_s": stats(res[f"{system}_read"]),
-            "load_gbps": stats([nbytes / t / 1e9 for t in res[f"{system}_load"]]),
-            "read_gbps": stats([nbytes / t / 1e9 for t in res[f"{system}_read"]]),
-        }
-    rows["ckptfs"]["mount_s"] = stats(res["ckptfs_mount"])
-    for what in ("load", "read"):  # where the time goes: the daemon's CPU per GiB served
-        rows["ckptfs"][f"{what}_daemon_cpu_s_per_gib"] = stats([c / (nbytes / GiB)
-                                                                for c in res[f"ckptfs_{what}_daemon_cpu"]])
-    ratios = {"load_speed_ckptfs_over_ext4": pairwise(res["ext4_load"], res["ckptfs_load"]),
-              "read_speed_ckptfs_over_ext4": pairwise(res["ext4_read"], res["ckptfs_read"])}
-    tgts = [target("restore: torch.load speed, ckptfs / ext4 cold cache",
-                   ratios["load_speed_ckptfs_over_ext4"]["median"], 1.0, at_most=False)]
+    rows, ratios, tgts = {}, {}, []
+    for n in readers:
+        for s in systems:
+            label = (f"torch.load ← {s} (remounted)" if s != EXT4 else "torch.load ← ext4 (cold cache)")
+            row = {"label": label, "readers": n, "load_s": stats(res[s, "load", n]), "read_s": stats(res[s, "read", n]),
+                   "load_gbps": stats([n * nbytes / t / 1e9 for t in res[s, "load", n]]),
+                   "read_gbps": stats([n * nbytes / t / 1e9 for t in res[s, "read", n]])}
+            if s != EXT4:
+                row["mount_s"] = stats(mount_s[s])
+                for what in ("load", "read"):
+                    row[f"{what}_daemon_cpu_s_per_gib"] = stats(cpu[s, what, n])
+                for what in ("load", "read"):
+                    key = f"{what}_speed_{s}_over_ext4_{n}_readers"
+                    ratios[key] = pairwise(res[EXT4, what, n], res[s, what, n])
+                tgts.append(target(f"restore, {n} reader(s): torch.load speed, {s} / ext4 cold cache",
+                                   ratios[f"load_speed_{s}_over_ext4_{n}_readers"]["median"], 1.0, at_most=False))
+                if n == 1:
+                    tgts.append(target(f"restore, 1 reader: {s} daemon CPU s per GiB served (plain read)",
+                                       row["read_daemon_cpu_s_per_gib"]["median"], 0.4))
+            rows[f"{s}@{n}"] = row
     data = {
         "benchmark": "restore", "when": now(), "seconds": time.perf_counter() - t_start, "machine": machine(),
-        "config": {"size": args.size, "bytes": nbytes, "repeats": args.repeats, "memory": args.memory,
+        "config": {"size": args.size, "bytes": nbytes, "readers": readers, "engines": engines,
+                   "repeats": args.repeats, "memory": args.memory,
                    "ckptfs_devices": "2 sparse files on the ext4 root disk", "read_block": READ_BLOCK,
                    "cold": "ckptfs: remount + drop_caches; ext4: drop_caches"},
         "rows": rows, "ratios": ratios, "targets": tgts,
     }
-    for system, r in rows.items():
-        print(f"  {r['label']:34s} torch.load {r['load_gbps']['median']:.2f} GB/s, "
+    for r in rows.values():
+        print(f"  {r['readers']} reader(s) {r['label']:38s} torch.load {r['load_gbps']['median']:.2f} GB/s, "
               f"plain read {r['read_gbps']['median']:.2f} GB/s")
     return finish("restore", data, ratios)
 
