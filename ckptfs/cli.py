@@ -64,6 +64,11 @@ def _mount(args) -> int:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"bad --threads {args.threads}: must be at least 1")
+    if args.engine == "pyfuse3":
+        from .fuse.pyfuse3_engine import available
+        if not available():
+            raise UsageError("--engine pyfuse3: pyfuse3 is not installed (pip install 'ckptfs[pyfuse3]'; "
+                             "it needs libfuse3's headers and a C compiler)")
     max_lag = _max_lag(args.max_lag)
     from .store.pool import open_pool
     if args.format and memory < 2 * chunk:
@@ -334,9 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "shown by ckptfs status)")
     m.add_argument("--metrics-addr", default="127.0.0.1",
                    help="address the metrics endpoint binds to (default 127.0.0.1, this machine only)")
-    m.add_argument("--engine", choices=["pyfuse3", "native"], default="pyfuse3",
-                   help="FUSE front end: pyfuse3 (libfuse) or native (/dev/fuse spoken directly, several "
-                        "threads; falls back to pyfuse3 if it cannot start) (default %(default)s)")
+    m.add_argument("--engine", choices=["native", "pyfuse3"], default="native",
+                   help="FUSE front end: native (/dev/fuse spoken directly, several threads; falls back to "
+                        "pyfuse3 if it cannot start and pyfuse3 is installed) or pyfuse3 (libfuse, the "
+                        "'pyfuse3' extra) (default %(default)s)")
     m.add_argument("--threads", type=int, default=None,
                    help="native engine: threads reading /dev/fuse (default: the CPU count)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)

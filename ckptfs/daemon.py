@@ -7,10 +7,11 @@ too); `serve(config)` runs the daemon in the foreground:
    --format), replay the journal, and rebuild the namespace;
 2. compact the journal into a fresh half on every device, so all mirrors agree;
 3. mount through the chosen front end and tell the waiting parent through
-   `ready_fd` ("OK" or one error line): pyfuse3 (pyfuse3.init), or with
-   `engine="native"` the kernel session of fuse/native.py; a native engine
-   that cannot start (no /dev/fuse permission, a kernel it cannot speak to)
-   is logged in one line and pyfuse3 serves instead;
+   `ready_fd` ("OK" or one error line): the native engine (fuse/native.py,
+   the default) or pyfuse3 (fuse/pyfuse3_engine.py, an optional extra); a
+   native engine that cannot start (no /dev/fuse permission, a kernel it
+   cannot speak to) is logged in one line and pyfuse3 serves instead where
+   it is installed, else the mount fails with that line;
 4. serve FUSE requests while the store drains in the background;
 5. on unmount (fusermount3 -u, `ckptfs umount`: the session ends) or
    SIGTERM/SIGINT (lazy unmount first): commit every changed file, wait until
@@ -24,7 +25,6 @@ import signal
 import time
 from dataclasses import dataclass
 
-import pyfuse3
 import trio
 
 from .errors import UsageError
@@ -34,7 +34,8 @@ from .fs.core import Filesystem
 from .fs.facade import AsyncFilesystem, Backend
 from .fs.namespace import ROOT_INO
 from .fuse.native import NativeEngine
-from .fuse.pyfuse3_ops import Operations
+from .fuse import pyfuse3_engine
+from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
@@ -60,7 +61,7 @@ class MountConfig:
     journal_half: int = DEFAULT_JOURNAL_HALF
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
     metrics_addr: str = "127.0.0.1"
-    engine: str = "pyfuse3"  # the FUSE front end: "pyfuse3" or "native" (fuse/native.py)
+    engine: str = "native"  # the FUSE front end: "native" (fuse/native.py) or "pyfuse3" (fuse/pyfuse3_engine.py)
     threads: int | None = None  # native engine: worker threads (None: the CPUs this process may use)
 
 
@@ -92,14 +93,6 @@ async def _tune_readahead_when_live(mountpoint: str) -> None:
     _tune_readahead(mountpoint)
 
 
-def _mount_options() -> set[str]:
-    opts = set(pyfuse3.default_options)
-    opts |= {"fsname=ckptfs", "subtype=ckptfs"}
-    if os.getuid() == 0:
-        opts.add("allow_other")
-    return opts
-
-
 @dataclass
 class Mount:
     """A mount's parts, wired: the core over the durable store, the monitor, the async facade."""
@@ -108,9 +101,9 @@ class Mount:
     monitor: Monitor
     afs: AsyncFilesystem
 
-    def operations(self) -> Operations:
-        """The pyfuse3 front end over the facade."""
-        return Operations(self.afs)
+    def operations(self):
+        """The pyfuse3 front end's operations over the facade (needs the pyfuse3 extra)."""
+        return pyfuse3_engine.operations(self.afs)
 
 
 def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict | None = None) -> Mount:
@@ -239,6 +232,7 @@ class _Daemon:
         self.mounted = False
         self.stopped_by_signal = False  # unmount ourselves at close (fusermount3 -u failed)
         self.native: NativeEngine | None = None  # the native front end, when it serves
+        self.pyfuse3: Pyfuse3Engine | None = None  # else this one
 
     async def main(self) -> None:
         cfg, store, monitor = self.cfg, self.mount.store, self.mount.monitor
@@ -253,7 +247,8 @@ class _Daemon:
         if cfg.engine == "native":
             self.native = await self._start_native()
         if self.native is None:
-            pyfuse3.init(self.mount.operations(), cfg.mountpoint, _mount_options())
+            self.pyfuse3 = Pyfuse3Engine(self.mount.afs, cfg.mountpoint)
+            self.pyfuse3.start()
         self.mounted = True
         self.control.info["engine"] = "pyfuse3" if self.native is None else "native"
         self.control.info["threads"] = 1 if self.native is None else self.native.session.threads
@@ -272,7 +267,7 @@ class _Daemon:
             if self.native is not None:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
             else:
-                await pyfuse3.main()
+                await self.pyfuse3.serve()
             stats = store.statistics()
             log.info("unmounting", extra={"fields": {"pending_records": stats.records_pending,
                                                      "bytes_to_drain": store.undrained_bytes()}})
@@ -282,7 +277,7 @@ class _Daemon:
             nursery.cancel_scope.cancel()
 
     async def _watch_signals(self) -> None:
-        """SIGTERM/SIGINT: unmount (lazily) so pyfuse3.main returns and the drain runs."""
+        """SIGTERM/SIGINT: unmount (lazily) so the engine stops serving and the drain runs."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("signal", extra={"fields": {"signal": signal.Signals(signum).name,
@@ -297,16 +292,20 @@ class _Daemon:
                         except OSError as e:
                             log.error("unmount.failed", extra={"fields": {"error": str(e)}})
                     else:
-                        pyfuse3.terminate()
+                        self.pyfuse3.terminate()
                 return
 
     async def _start_native(self) -> NativeEngine | None:
-        """Mount through the native engine; None (and one log line) if it cannot start here."""
+        """Mount through the native engine; None (and one log line) if it cannot start here and
+        pyfuse3 can serve instead; without pyfuse3 the error stands."""
         engine = NativeEngine(self.mount.afs, self.cfg.mountpoint, trio.lowlevel.current_trio_token(),
                               threads=self.cfg.threads)
         try:
             await trio.to_thread.run_sync(engine.start)
         except Exception as e:  # noqa: BLE001 - any failure to start falls back to pyfuse3
+            if not pyfuse3_engine.available():
+                raise UsageError(f"the native FUSE engine cannot start ({type(e).__name__}: {e}) and the "
+                                 "pyfuse3 fallback is not installed (pip install 'ckptfs[pyfuse3]')") from e
             log.warning("engine.fallback", extra={"fields": {
                 "engine": "native", "error": f"{type(e).__name__}: {e}", "using": "pyfuse3"}})
             return None
@@ -316,5 +315,5 @@ class _Daemon:
         """After serving: release the FUSE session (unmounting if it is still mounted)."""
         if self.native is not None:
             self.native.close()
-        else:
-            pyfuse3.close(unmount=self.stopped_by_signal)
+        elif self.pyfuse3 is not None:
+            self.pyfuse3.close(unmount=self.stopped_by_signal)

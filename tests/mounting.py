@@ -29,7 +29,7 @@ ENGINES = ("pyfuse3", "native")
 
 
 def default_engine() -> str:
-    engine = os.environ.get("CKPTFS_TEST_ENGINE", "pyfuse3")
+    engine = os.environ.get("CKPTFS_TEST_ENGINE", "native")
     if engine not in ENGINES:
         raise ValueError(f"CKPTFS_TEST_ENGINE={engine!r}: expected one of {', '.join(ENGINES)}")
     return engine

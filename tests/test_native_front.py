@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from ckptfs import daemon
-from ckptfs.errors import FsError
+from ckptfs.errors import FsError, UsageError
 from ckptfs.fuse.native import TrioHandler
 from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
 
@@ -74,18 +74,31 @@ def test_an_interrupt_cancels_a_waiting_fsync_with_eintr():
     assert _serve(fn) == errno.EINTR
 
 
-def test_a_native_engine_that_cannot_start_falls_back_in_one_log_line(monkeypatch, caplog):
-    class Refused:
-        def __init__(self, *a, **kw):
-            pass
+class Refused:
+    def __init__(self, *a, **kw):
+        pass
 
-        def start(self):
-            raise PermissionError(errno.EACCES, "Permission denied", "/dev/fuse")
+    def start(self):
+        raise PermissionError(errno.EACCES, "Permission denied", "/dev/fuse")
 
+
+def _refusing_daemon(monkeypatch):
     monkeypatch.setattr(daemon, "NativeEngine", Refused)
     cfg = SimpleNamespace(mountpoint="/nowhere", threads=None)
-    d = daemon._Daemon(cfg, SimpleNamespace(afs=None), control=None, metrics=None)
+    return daemon._Daemon(cfg, SimpleNamespace(afs=None), control=None, metrics=None)
+
+
+def test_a_native_engine_that_cannot_start_falls_back_in_one_log_line(monkeypatch, caplog):
+    d = _refusing_daemon(monkeypatch)
     with caplog.at_level(logging.INFO, logger="ckptfs.daemon"):
         assert trio.run(d._start_native) is None
     lines = [r for r in caplog.records if r.getMessage() == "engine.fallback"]
     assert len(lines) == 1 and "Permission denied" in lines[0].fields["error"]
+
+
+def test_without_pyfuse3_a_native_engine_that_cannot_start_fails_with_its_cause(monkeypatch):
+    d = _refusing_daemon(monkeypatch)
+    monkeypatch.setattr(daemon.pyfuse3_engine, "available", lambda: False)
+    with pytest.raises(UsageError, match=r"native FUSE engine cannot start \(PermissionError.*Permission denied.*"
+                                         r"pyfuse3 fallback is not installed"):
+        trio.run(d._start_native)
