@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, human_rate, read_results, stats, verdict
 
-CASES = ["save", "training", "restore", "scale", "samepath"]
+CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles"]
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
@@ -157,9 +157,20 @@ def samepath_md(d: dict) -> str:
                    "save blocked (s)"], rows))
 
 
+def smallfiles_md(d: dict) -> str:
+    systems = d["systems"]
+    rows = [[op] + [fs(d["rows"][s][op], 1e6, 0) for s in systems] for op in d["ops"]]
+    return (f"Median microseconds per operation, {d['config']['repeats']} rounds (median of the rounds' medians, "
+            f"min–max); frameworks' file operations reproduced without the frameworks (benchmarks/smallfiles.py)."
+            f"\n\n" + table(["operation"] + systems, rows) + "\n\n" +
+            table(["ratio, round by round", "median (min–max)"],
+                  [[k, fs(v)] for k, v in d["ratios"].items()]))
+
+
 SECTIONS = {"save": ("1. Save", save_md), "training": ("2. Training overhead", training_md),
             "restore": ("3. Restore", restore_md), "scale": ("4. Scale", scale_md),
-            "samepath": ("5. Every step to the same path", samepath_md)}
+            "samepath": ("5. Every step to the same path", samepath_md),
+            "smallfiles": ("6. Small files and metadata", smallfiles_md)}
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -321,7 +332,7 @@ def build(status: dict | None = None) -> dict:
     plots = {}
     for case, d in results.items():
         (RESULTS / f"{case}.png").unlink(missing_ok=True)
-        if d is not None and plt is not None:
+        if d is not None and plt is not None and case in PLOTS:
             try:
                 plots[case] = str(PLOTS[case](d, plt))
             except Exception as e:  # noqa: BLE001 - a broken plot must not lose the tables
