@@ -724,3 +724,44 @@ def test_fs_setgid_directory_passes_on_its_group(fs):
     plain = fs.mkdir(ROOT_INO, b"plain", 0o755, 5, 6)
     assert plain.gid == 6 and not plain.mode & stat.S_ISGID
     fs.release(fh)
+
+
+class Closes:
+    """A Durability that records the size of each commit point."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def record(self, op, *args):
+        pass
+
+    def dirtied(self, inode):
+        pass
+
+    def closed(self, inode):
+        self.sizes.append(inode.size)
+
+
+def test_a_late_release_never_commits_the_state_a_new_writer_is_producing():
+    # The kernel sends RELEASE after close() returned: a trainer rewriting last.pt in place may
+    # already have reopened it with O_TRUNC. The close (FLUSH) commits; the late RELEASE must not
+    # commit the truncated, half-rewritten file (a crash would then keep it).
+    a = Arena(32 * CS, CS, prefault=False)
+    closes = Closes()
+    fs = Filesystem(a, capacity_bytes=1 << 30, durability=closes)
+    r, inode = fs.create(ROOT_INO, b"last.pt", 0o644, os.O_WRONLY, 0, 0)
+    fs.write(r.fh, 0, b"x" * 3 * CS)
+    fs.flush(r.fh)
+    assert closes.sizes == [3 * CS]
+    again = fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC)
+    fs.release(r.fh)  # the first descriptor's RELEASE, late
+    fs.write(again.fh, 0, b"y" * CS)
+    assert closes.sizes == [3 * CS]
+    fs.flush(again.fh)
+    fs.release(again.fh)
+    assert closes.sizes == [3 * CS, CS, CS]
+    reader = fs.open(inode.ino, os.O_RDONLY)
+    fs.flush(reader.fh)
+    assert closes.sizes == [3 * CS, CS, CS]  # a reader's close commits nothing
+    fs.check_invariants()
+    a.close()

@@ -334,7 +334,18 @@ class Filesystem:
         self.durability.dirtied(inode)
         return n
 
+    def flush(self, fh: int) -> None:
+        """A close() of a descriptor (FLUSH comes synchronously with every close): a writer's close
+        commits the file as it is now."""
+        h = self.handle(fh)
+        if h.writable:
+            self.durability.closed(h.inode)
+
     def release(self, fh: int) -> None:
+        """The last reference to a handle is gone. The kernel sends RELEASE asynchronously, after
+        close() has returned, so the writer may already have opened the file again and be
+        rewriting it: commit here only when no writer is left (otherwise that writer's close
+        will), never a state another writer is still producing."""
         h = self.handles.pop(fh, None)
         if h is None:
             return
@@ -346,7 +357,8 @@ class Filesystem:
                 self._writers[inode.ino] = left
             else:
                 del self._writers[inode.ino]
-        self.durability.closed(inode)
+        if not self._writers.get(inode.ino):
+            self.durability.closed(inode)
         self.ns.maybe_drop(inode)
 
     # ---- whole filesystem ----------------------------------------------

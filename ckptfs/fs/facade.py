@@ -166,7 +166,7 @@ class AsyncFilesystem:
             self.backend.absorbed(done)
 
     async def flush(self, fh: int) -> None:
-        self.fs.handle(fh)
+        self.fs.flush(fh)
 
     async def fsync(self, fh: int) -> None:
         await self.sync(self.fs.handle(fh).inode.ino)
