@@ -89,6 +89,11 @@ class FileJob(Remote):
         self.committed_at = 0.0  # trio time of the last progress commit
         self.active = True  # False once complete or cancelled
 
+    @property
+    def gone(self) -> bool:
+        """Its inode was dropped (unlinked and closed): nothing to restore it into."""
+        return self.inode.data is None
+
     def read_ahead(self, idx: int) -> None:
         self.restorer.read_ahead(self, idx)
 
@@ -187,6 +192,8 @@ class Restorer:
                 chunk = data.chunks.pop(i, None)  # a stale or partial copy: fetched again
                 if chunk is not None:
                     data.owner.chunk_dropped(chunk)
+            if not job.missing:
+                self._complete(job)  # all on the devices already: only its marker was left
         files = {}
         for e in manifest.entries:
             if stat.S_ISREG(e.mode):
@@ -223,6 +230,8 @@ class Restorer:
                 await self._load()
             await self._background()
             await self._finish()
+            if self.jobs:
+                await trio.sleep_forever()  # unlinked files still open, or failures: reads still come here
 
     def stop(self) -> None:
         """Stop fetching (unmount): the markers stay, so the next mount goes on."""
@@ -261,7 +270,9 @@ class Restorer:
     async def _background(self) -> None:
         delay = RETRY_MIN
         while True:
-            jobs = [j for j in self.jobs.values() if j.active and j.entry is not None]
+            for job in [j for j in self.jobs.values() if j.gone]:
+                self._drop(job)
+            jobs = [j for j in self.jobs.values() if j.active and j.entry is not None and j.inode.nlink > 0]
             if not jobs:
                 break
             order = {id(e): k for k, e in enumerate(plan.fetch_order([j.entry for j in jobs]))}
@@ -294,7 +305,7 @@ class Restorer:
 
     async def _finish(self) -> None:
         """Every file is local: make it all durable, then drop the root's marker."""
-        if self.jobs:
+        if any(j.inode.nlink > 0 for j in self.jobs.values()):
             self.state = "failed"  # files whose objects the manifest lacks: nothing to fetch them from
             return
         self.state = SYNCING
@@ -403,6 +414,8 @@ class Restorer:
             idx = first + k
             piece = view[off:off + cs]
             while True:
+                if job.gone:
+                    self._drop(job)
                 if not job.active or idx not in job.missing:
                     break
                 try:
@@ -442,16 +455,20 @@ class Restorer:
         if inode.nlink > 0 and plan.FILE_XATTR in inode.xattrs:
             self.fs.ns.removexattr(inode.ino, plan.FILE_XATTR)
 
+    def _drop(self, job: FileJob) -> None:
+        """The file is gone: stop restoring it (the unlink in the journal took its marker along)."""
+        if job.active:
+            job.active = False
+            self.jobs.pop(job.ino, None)
+            self.files_done += 1
+            self.bytes_done += sum(job.chunk_length(i) for i in job.missing)
+            job.missing.clear()
+
     def cancel(self, job: FileJob) -> None:
         """The file was truncated to zero (called from inside the core: act after it returns)."""
-        if not job.active:
-            return
-        job.active = False
-        self.jobs.pop(job.ino, None)
-        self.files_done += 1
-        self.bytes_done += sum(job.chunk_length(i) for i in job.missing)
-        job.missing.clear()
-        self._soon(self._commit_cancel, job)
+        if job.active:
+            self._drop(job)
+            self._soon(self._commit_cancel, job)
 
     async def _commit_cancel(self, job: FileJob) -> None:
         inode = job.inode
