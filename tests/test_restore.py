@@ -373,3 +373,102 @@ def test_bad_restore_input_is_one_line_exit_2_and_nothing_changes(s3, source, mo
     res = ckptfs(*base, "--format", "--restore-from", *ok, timeout=60)
     assert res.returncode == 2 and "access denied" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not is_mounted(m.path)
+
+
+# ---- in-process: the daemon's wiring over in-memory devices, a real S3 server -----------------------
+def _assemble(devices, **kw):
+    from ckptfs.daemon import MountConfig, assemble
+    cfg = MountConfig(mountpoint="", devices=[d.path for d in devices], memory=4 << 20, chunk_size=64 << 10,
+                      journal_half=256 << 10, queue_depth=2, **kw)
+    return assemble(cfg, devices)
+
+
+def _serve(mount, body, fetching: bool = True):
+    """Run the store and the restorer (as the daemon does; `fetching` False: its tree only) around
+    `body(mount)`, then stop: no clean close."""
+    import trio
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mount.store.run)
+            if mount.restorer is not None:
+                mount.restorer.prepare()
+                if fetching:
+                    await nursery.start(mount.restorer.run)
+            await body(mount)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+async def _read_all(mount, path: bytes) -> bytes:
+    ino = mount.fs.ns.child(1, path).ino
+    fh = (await mount.afs.open(ino, os.O_RDONLY)).fh
+    try:
+        return bytes(await mount.afs.read(fh, 0, 1 << 30))
+    finally:
+        await mount.afs.release(fh)
+
+
+def test_a_crash_while_the_tree_is_built_restarts_the_restore_on_a_fresh_pool(source):
+    import trio
+    from faulty import make_faulty
+    from s3seed import publish
+    data = os.urandom(200 << 10)
+    (source.tree / "f.bin").write_bytes(data)
+    (source.tree / "d").mkdir()
+    publish(source.client, source.bucket, "node0", source.tree, chunk_size=64 << 10)
+    devices = make_faulty(2, 16 << 20)
+    first = _assemble(devices, format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
+
+    async def half_built(mount):  # what a crash in the middle of build_tree leaves committed
+        mount.fs.ns.setxattr(1, plan.SOURCE_XATTR, plan.Source(source.url, source.s3.endpoint, 1).encode())
+        mount.fs.mkdir(1, b"junk", 0o755, 0, 0)
+        await mount.store.sync(1)
+
+    first.restorer.pending = None  # never built
+    _serve(first, half_built)
+    again = _assemble(devices)  # a plain mount
+    assert again.restorer is not None
+
+    async def check(mount):
+        assert sorted(mount.fs.ns.get(1).dir.entries) == [b"d", b"f.bin"]
+        assert await _read_all(mount, b"f.bin") == data  # waits for what is not local
+        with trio.fail_after(30):
+            while mount.restorer.state != "done":
+                await trio.sleep(0.02)
+
+    _serve(again, check)
+    last = _assemble(devices)
+    assert last.restorer is None  # done: nothing of the restore is left, the store is not needed
+
+    async def local(mount):
+        assert await _read_all(mount, b"f.bin") == data
+
+    _serve(last, local)
+
+
+def test_a_remount_without_the_object_store_serves_what_is_local_and_fails_the_rest_with_the_cause(source):
+    from faulty import make_faulty
+    from s3seed import publish
+    (source.tree / "f.bin").write_bytes(os.urandom(200 << 10))
+    (source.tree / "small").write_bytes(b"")
+    publish(source.client, source.bucket, "node0", source.tree, chunk_size=64 << 10)
+    devices = make_faulty(2, 16 << 20)
+    first = _assemble(devices, format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
+
+    async def tree_only(mount):  # the tree is committed, no data was fetched
+        await mount.store.sync(1)
+
+    _serve(first, tree_only, fetching=False)
+    again = _assemble(devices, s3_endpoint="http://127.0.0.1:1")  # the store is unreachable now
+
+    async def check(mount):
+        assert await _read_all(mount, b"small") == b""
+        with pytest.raises(FsError) as e:
+            await _read_all(mount, b"f.bin")
+        assert e.value.errno == errno.EIO and "cannot reach the object store" in str(e.value)
+        snap = mount.restorer.snapshot()
+        assert snap["state"] == "loading" and "cannot reach the object store" in snap["last_error"]
+
+    _serve(again, check)

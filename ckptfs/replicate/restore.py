@@ -149,7 +149,8 @@ class Restorer:
         self.bg_limiter = trio.CapacityLimiter(concurrency)
         self.demand_limiter = trio.CapacityLimiter(DEMAND_SLOTS)
         self.manifest: Manifest | None = None
-        self.loaded = trio.Event()
+        self.loaded = trio.Event()  # the manifest is known
+        self.load_tried = trio.Event()  # the first attempt to load it is over (it may have failed)
         self.load_error: str | None = None
         self.jobs: dict[int, FileJob] = {}
         self.nursery: trio.Nursery | None = None
@@ -204,6 +205,7 @@ class Restorer:
         self.manifest = manifest
         self.state = FETCHING
         self.loaded.set()
+        self.load_tried.set()
 
     def add_job(self, inode, obj: str, size: int) -> FileJob:
         cs = self.store.chunk_size
@@ -225,7 +227,8 @@ class Restorer:
             self.nursery = nursery
             task_status.started()
             if not self.known_source:
-                return
+                self.load_tried.set()
+                await trio.sleep_forever()  # reads of its files fail with the reason
             if self.manifest is None:
                 await self._load()
             await self._background()
@@ -264,6 +267,7 @@ class Restorer:
             except SourceError as e:
                 self.load_error = str(e)
                 self.record_error(f"cannot load the manifest: {e}")
+                self.load_tried.set()
             await trio.sleep(delay)
             delay = min(RETRY_MAX, delay * 2)
 
@@ -327,11 +331,10 @@ class Restorer:
         if not isinstance(job, FileJob) or not job.active:
             return  # completed or cancelled meanwhile: the caller retries
         if job.entry is None:
-            if self.load_error is not None and not self.loaded.is_set():
-                raise RestoreError(f"cannot restore inode {job.ino}: {self.load_error}")
-            await self.loaded.wait()
+            await self.load_tried.wait()
             if job.entry is None:
-                raise RestoreError(f"cannot restore inode {job.ino}: its object is not in the manifest")
+                why = self.load_error if not self.loaded.is_set() else "its object is not in the manifest"
+                raise RestoreError(f"cannot restore inode {job.ino}: {why}")
             return
         self.demand_fetches += 1
         await self._get(job, need.indexes, demand=True)
