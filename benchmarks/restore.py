@@ -17,7 +17,6 @@ by round (target >= 1).
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from common import (SCRATCH, GiB, MiB, drop_caches, file_devices, finish, fsync_path, machine, mounted, now,
+from common import (GiB, MiB, case_args, drop_caches, file_devices, finish, fsync_path, machine, mounted, now,
                     pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, stats, target)
 
 READ_BLOCK = 64 * MiB
@@ -52,12 +51,7 @@ def timed_read(path: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--memory", default="3G")
-    ap.add_argument("--scratch", type=Path, default=SCRATCH / "restore")
-    args = ap.parse_args(argv)
+    args = case_args(__doc__, argv, size="1G", memory="3G", scratch="restore")
     size = parse_size(args.size)
     scratch = args.scratch.resolve()
     scratch.mkdir(parents=True, exist_ok=True)

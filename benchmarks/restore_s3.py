@@ -23,7 +23,6 @@ the tree; what it must not lose on "all local" is throughput.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from common import (ROOT, SCRATCH, GiB, file_devices, finish, fsync_path, machine, mounted, now, pairwise,
+from common import (ROOT, GiB, case_args, file_devices, finish, fsync_path, machine, mounted, now, pairwise,
                     parse_size, random_state_dict, rotated, stats, target)
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -83,12 +82,7 @@ def check(sd: dict, expect: dict | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="512M", help="bytes of the checkpoint (and of the second file)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--memory", default="2G")
-    ap.add_argument("--scratch", type=Path, default=SCRATCH / "restore_s3")
-    args = ap.parse_args(argv)
+    args = case_args(__doc__, argv, size="512M", memory="2G", scratch="restore_s3")  # --size: each of 2 files
     size = parse_size(args.size)
     scratch = args.scratch.resolve()
     shutil.rmtree(scratch, ignore_errors=True)
