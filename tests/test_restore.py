@@ -231,7 +231,7 @@ def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source):
     _tree(source.tree)
     source.publish()
     want = _walk(source.tree)
-    m = source.mount()
+    m = source.mount("--metrics-port", "0")
     try:
         got = _walk(m.path)  # at once: contents come on first read
         assert got == want
@@ -243,6 +243,12 @@ def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source):
         r = _restore_status(m)
         assert r["files_restored"] == r["files_total"] == 4 and r["bytes_restored"] == r["bytes_total"]
         assert r["generation"] == 1 and r["errors_total"] == 0
+        import urllib.request
+        metrics = urllib.request.urlopen(_status(m)["metrics_url"], timeout=10).read().decode()
+        values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("ckptfs_restore_")}
+        assert values['ckptfs_restore_bytes{kind="restored"}'] == r["bytes_total"]
+        assert values["ckptfs_restore_done"] == 1 and values['ckptfs_restore_files{kind="total"}'] == 4
         assert m.umount().returncode == 0
         # the node no longer needs the object store: no source, no credentials
         m.mount("--s3-endpoint", "http://127.0.0.1:1")
