@@ -386,11 +386,14 @@ class Restorer:
         try:
             if self.rate is not None and not demand:
                 await self.rate.take(end - start)
-            data = await trio.to_thread.run_sync(
-                _get_range, self._client(), self.url.bucket, self.url.key(entry.object), start, end, entry.crcs,
-                first, cs, what, limiter=self.demand_limiter if demand else self.bg_limiter)
-            self.bytes_fetched += len(data)
-            await self._deliver(job, first, data)
+            # a slot is held until the bytes are in the file: memory in flight stays bounded
+            async with self.demand_limiter if demand else self.bg_limiter:
+                data = await trio.to_thread.run_sync(
+                    _get_range, self._client(), self.url.bucket, self.url.key(entry.object), start, end,
+                    entry.crcs, first, cs, what)
+                self.bytes_fetched += len(data)
+                await self._deliver(job, first, data)
+                del data
             for i in range(first, last + 1):
                 job.failed.pop(i, None)
         except FsError as e:
