@@ -183,7 +183,7 @@ class Restorer:
             entry = by_object.get(job.object)
             if entry is None or entry.size != job.size:
                 self.record_error(f"{self.source.url} generation {self.source.generation} has no object "
-                            f"{job.object} of {job.size} bytes for inode {job.ino}")
+                                  f"{job.object} of {job.size} bytes for inode {job.ino}")
                 continue
             job.entry = entry
             data = job.inode.data
