@@ -293,7 +293,7 @@ def test_sigkill_mid_restore_then_a_plain_remount_continues_bit_exact(source):
     (tree / "trunc.bin").write_bytes(os.urandom(2 * CS))
     (tree / "rw.bin").write_bytes(os.urandom(CS + 1))
     source.publish()
-    m = source.mount("--restore-rate", "6M", "--restore-concurrency", "2", "--max-lag", "0.2")
+    m = source.mount("--restore-rate", "3M", "--restore-concurrency", "2", "--max-lag", "0.2")
     try:
         # a write to a file still being restored waits for it; O_TRUNC drops it and its restore
         with open(m.path / "trunc.bin", "wb") as f:
