@@ -44,6 +44,19 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --- the CLI and mounts ----------------------------------------------------------------------
 
+def case_args(doc: str, argv: list[str] | None, *, size: str, memory: str, scratch: str):
+    """The options every restore-like case takes (--size, --repeats, --memory, --scratch), parsed;
+    `scratch` names its folder under SCRATCH."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--size", default=size)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory", default=memory)
+    ap.add_argument("--scratch", type=Path, default=SCRATCH / scratch)
+    return ap.parse_args(argv)
+
+
 def ckptfs(*args: str, timeout: float = 900) -> None:
     res = subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True,
                          timeout=timeout)

@@ -53,13 +53,17 @@ def _mount(args) -> int:
     from .daemon import MountConfig, serve
 
     memory = parse_size(args.memory, what="--memory")
-    chunk = _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
+    if args.chunk_size is not None:
+        _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
     check_memory(memory)
     mp = check_mountpoint(args.mountpoint)
     if not args.foreground:
         _check_log_file(args, mp)
     check_fuse_device()
     devices = check_devices(args.devices)
+    _check_restore(args)  # may settle --chunk-size: a restore uses the manifest's
+    args.chunk_size = args.chunk_size or str(DEFAULT_CHUNK)
+    chunk = _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
     if args.threads is not None and args.threads < 1:
@@ -84,7 +88,10 @@ def _mount(args) -> int:
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
                       max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
-                      metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads)
+                      metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads,
+                      restore_from=args.restore_from, restore_generation=args.restore_generation,
+                      s3_endpoint=args.s3_endpoint, restore_concurrency=args.restore_concurrency,
+                      restore_rate=parse_size(args.restore_rate, what="--restore-rate") if args.restore_rate else None)
     if args.foreground:
         from .ops.logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
@@ -92,6 +99,42 @@ def _mount(args) -> int:
         setup(args.log_level, filename=to_file, json_lines=args.log_format == "json")
         return serve(cfg)
     return _spawn_daemon(args, mp)
+
+
+def _check_restore(args) -> None:
+    """--restore-from: a well-formed URL, a reachable store with a manifest under the prefix, and
+    --format (a restore builds a new pool); one line and exit 2 otherwise, before anything changes.
+    Pins the manifest (`restore_generation`, handed to the daemon) and the chunk size to its."""
+    if args.s3_endpoint is not None and not args.s3_endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"bad --s3-endpoint {args.s3_endpoint!r}: expected http://HOST[:PORT] or https://...")
+    if args.restore_concurrency < 1:
+        raise UsageError(f"bad --restore-concurrency {args.restore_concurrency}: must be at least 1")
+    if args.restore_rate is not None and parse_size(args.restore_rate, what="--restore-rate") <= 0:
+        raise UsageError(f"bad --restore-rate {args.restore_rate}: must be a positive size per second")
+    if args.restore_from is None:
+        return
+    from .replicate.manifest import parse_url
+    from .replicate.s3client import SourceError, load_manifest, make_client
+
+    try:
+        url = parse_url(args.restore_from)
+    except ValueError as e:
+        raise UsageError(f"bad --restore-from: {e}") from None
+    if args.restore_generation is not None:
+        return  # the daemon started by a checked mount
+    if not args.format:
+        raise UsageError("--restore-from builds a new pool from the object store: add --format (it erases the "
+                         "devices); to go on with an interrupted restore, mount without --restore-from")
+    try:
+        manifest = load_manifest(make_client(args.s3_endpoint, attempts=2, connect_timeout=3), url)
+    except SourceError as e:
+        raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
+    chunk = str(manifest.chunk_size)
+    if args.chunk_size is not None and parse_size(args.chunk_size, what="--chunk-size") != manifest.chunk_size:
+        raise UsageError(f"--chunk-size {args.chunk_size} differs from the chunk size of the manifest "
+                         f"({manifest.chunk_size} bytes): a restore uses the manifest's (leave --chunk-size out)")
+    args.chunk_size = chunk
+    args.restore_generation = manifest.generation
 
 
 def _spawn_daemon(args, mp: str) -> int:
@@ -108,6 +151,13 @@ def _spawn_daemon(args, mp: str) -> int:
         cmd += ["--metrics-port", str(args.metrics_port)]
     if args.force_recover:
         cmd.append("--force-recover")
+    if args.restore_from is not None:  # checked, and its manifest chosen, by _check_restore
+        cmd += ["--restore-from", args.restore_from, "--restore-generation", str(args.restore_generation)]
+    if args.s3_endpoint is not None:
+        cmd += ["--s3-endpoint", args.s3_endpoint]
+    if args.restore_rate is not None:
+        cmd += ["--restore-rate", args.restore_rate]
+    cmd += ["--restore-concurrency", str(args.restore_concurrency)]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -312,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("mountpoint")
     m.add_argument("--devices", required=True, help="comma-separated block devices or files")
     m.add_argument("--memory", default=DEFAULT_MEMORY, help="memory budget: 512M, 32G, 25%% of RAM (default %(default)s)")
-    m.add_argument("--chunk-size", default=str(DEFAULT_CHUNK), help="chunk (stripe unit) size, power of two (default 1M)")
+    m.add_argument("--chunk-size", default=None, help="chunk (stripe unit) size, power of two (default 1M; "
+                                                       "with --restore-from, the manifest's)")
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (containers, debugging)")
     m.add_argument("--log-file", help="daemon log file (default /var/log/ckptfs/ckptfs-<mountpoint>.log)")
     m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -345,6 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "'pyfuse3' extra) (default %(default)s)")
     m.add_argument("--threads", type=int, default=None,
                    help="native engine: threads reading /dev/fuse (default: the CPU count)")
+    m.add_argument("--restore-from", metavar="s3://BUCKET/PREFIX",
+                   help="with --format: show the newest manifest replicated under this prefix at once and "
+                        "fetch its contents on first read and in the background (credentials and region "
+                        "from the standard AWS chain); an interrupted restore goes on at the next mount")
+    m.add_argument("--s3-endpoint", metavar="URL", help="the object store's URL, for stores other than AWS S3 "
+                                                        "(MinIO, Ceph RGW, SeaweedFS)")
+    m.add_argument("--restore-rate", metavar="SIZE", default=None,
+                   help="cap the background restore at SIZE bytes per second (e.g. 200M; reads that wait "
+                        "are never capped)")
+    m.add_argument("--restore-concurrency", type=int, default=8,
+                   help="ranged GETs in flight for the background restore (default %(default)s)")
+    m.add_argument("--restore-generation", type=int, default=None, help=argparse.SUPPRESS)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 

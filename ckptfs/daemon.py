@@ -12,7 +12,9 @@ too); `serve(config)` runs the daemon in the foreground:
    native engine that cannot start (no /dev/fuse permission, a kernel it
    cannot speak to) is logged in one line and pyfuse3 serves instead where
    it is installed, else the mount fails with that line;
-4. serve FUSE requests while the store drains in the background;
+4. serve FUSE requests while the store drains in the background (and, with
+   --restore-from or after an interrupted restore, while the restorer of
+   replicate/restore.py fetches contents from the object store);
 5. on unmount (fusermount3 -u, `ckptfs umount`: the session ends) or
    SIGTERM/SIGINT (lazy unmount first): commit every changed file, wait until
    everything is on the devices, write the clean anchor, exit 0.
@@ -38,6 +40,11 @@ from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
+from .replicate import restore
+from .replicate.manifest import parse_url
+from .replicate.plan import Source
+from .replicate.restore import Restorer
+from .replicate.s3client import SourceError, load_manifest, make_client
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
 from .store.store import DEFAULT_MAX_LAG, Store
 
@@ -63,6 +70,11 @@ class MountConfig:
     metrics_addr: str = "127.0.0.1"
     engine: str = "native"  # the FUSE front end: "native" (fuse/native.py) or "pyfuse3" (fuse/pyfuse3_engine.py)
     threads: int | None = None  # native engine: worker threads (None: the CPUs this process may use)
+    restore_from: str | None = None  # s3://BUCKET/PREFIX: build the newest manifest's tree (fresh pool)
+    restore_generation: int | None = None  # the manifest to restore (None: the newest)
+    s3_endpoint: str | None = None  # the object store's URL (None: AWS)
+    restore_rate: float | None = None  # background restore bytes/s (None: no cap)
+    restore_concurrency: int = 8  # background ranged GETs in flight
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -100,6 +112,7 @@ class Mount:
     store: Store
     monitor: Monitor
     afs: AsyncFilesystem
+    restorer: Restorer | None = None  # a restore from an object store in progress (replicate/restore.py)
 
     def operations(self):
         """The pyfuse3 front end's operations over the facade (needs the pyfuse3 extra)."""
@@ -115,12 +128,18 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     devices = devices or cfg.devices
     if cfg.format:
         format_pool(devices, chunk_size=cfg.chunk_size, journal_half=cfg.journal_half)
-    pool = open_pool(devices)
-    try:
-        rec = recover(pool, force=cfg.force_recover)
-    except BaseException:
+    pool, rec = _open_and_recover(cfg, devices)
+    source = restore.interrupted_build(rec.durable.ns)
+    if source is not None:
+        # a crash while a restore built its tree: by the prefix rule nothing else was committed
+        log.warning("restore.restarted", extra={"fields": {"source": source.url, "generation": source.generation,
+                                                            "reason": "the tree was not completely built"}})
+        sb = pool.sbs[0]
         pool.close()
-        raise
+        format_pool(devices, chunk_size=sb.chunk_size, journal_half=sb.journal_half, force=True)
+        cfg.restore_from, cfg.restore_generation = source.url, source.generation
+        cfg.s3_endpoint = cfg.s3_endpoint or source.endpoint
+        pool, rec = _open_and_recover(cfg, devices)
     for w in rec.warnings:
         log.warning("%s", w)
     _log_recovery(rec)
@@ -143,9 +162,40 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
 
     xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
               b"user.ckptfs.state": state, **(extra_xattrs or {})}
+    try:
+        restorer = _restorer(cfg, fs, store)
+    except BaseException:
+        store.close()
+        raise
     backend = Backend(fetch=store.fetch, room=monitor.room, sync=store.sync, absorbed=store.absorbed,
                       virtual_xattrs=xattrs)
-    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend))
+    if restorer is not None:
+        backend.restore = restorer.demand
+    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend), restorer)
+
+
+def _open_and_recover(cfg: MountConfig, devices: list):
+    pool = open_pool(devices)
+    try:
+        return pool, recover(pool, force=cfg.force_recover)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def _restorer(cfg: MountConfig, fs: Filesystem, store: Store) -> Restorer | None:
+    """A fresh restore (--restore-from: the manifest is loaded now, its tree built once serving
+    starts), or the continuation of one that a crash or unmount interrupted."""
+    kw = {"concurrency": cfg.restore_concurrency, "rate": cfg.restore_rate}
+    if cfg.restore_from is None:
+        return restore.resume(fs, store, cfg.s3_endpoint, **kw)
+    try:
+        url = parse_url(cfg.restore_from)
+        manifest = load_manifest(make_client(cfg.s3_endpoint, attempts=2), url, cfg.restore_generation)
+        source = Source(cfg.restore_from, cfg.s3_endpoint, manifest.generation)
+        return restore.fresh(fs, store, manifest, source, **kw)
+    except (ValueError, SourceError) as e:
+        raise UsageError(f"cannot restore from {cfg.restore_from}: {e}", 2) from None
 
 
 def _log_recovery(rec) -> None:
@@ -187,9 +237,10 @@ def serve(cfg: MountConfig) -> int:
         log.exception("cannot start")
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
+    sections = {"restore": mount.restorer.snapshot} if mount.restorer is not None else {}
     control = ControlServer(path, mount.store, mount.monitor,
                             info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None,
-                                  "engine": None})
+                                  "engine": None}, sections=sections)
     metrics = None
     if cfg.metrics_port is not None:
         try:
@@ -243,7 +294,12 @@ class _Daemon:
         if self.metrics is not None:
             from .ops.metrics import read_metrics
             token = trio.lowlevel.current_trio_token()
-            self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
+            sections = self.control.sections
+            self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, 2.0, sections,
+                                                                  trio_token=token)
+        restorer = self.mount.restorer
+        if restorer is not None:
+            restorer.prepare()  # a fresh restore's tree, before anyone can look
         if cfg.engine == "native":
             self.native = await self._start_native()
         if self.native is None:
@@ -260,6 +316,8 @@ class _Daemon:
         _tell_parent(cfg.ready_fd, "OK")
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
+            if restorer is not None:
+                await nursery.start(restorer.run)
             nursery.start_soon(_tune_readahead_when_live, cfg.mountpoint)
             nursery.start_soon(monitor.run)
             await nursery.start(self.control.serve)
@@ -268,6 +326,8 @@ class _Daemon:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
             else:
                 await self.pyfuse3.serve()
+            if restorer is not None:
+                restorer.stop()  # what it fetched is committed by the drain below; a remount goes on
             stats = store.statistics()
             log.info("unmounting", extra={"fields": {"pending_records": stats.records_pending,
                                                      "bytes_to_drain": store.undrained_bytes()}})

@@ -21,6 +21,11 @@ filesystem, and a FUSE write carries no credentials: a handle remembers the
 `creds.Caller` that opened it, and each write checks the file's mode against
 it. Callers pass None where no process is behind the request (the filesystem
 itself, tests): None counts as privileged.
+
+Extended attributes named ``ckptfs.*`` (no namespace prefix, so the kernel
+never sends such a name) are ckptfs's own journaled bookkeeping, e.g. which
+object a file being restored comes from (replicate/restore.py): hidden from
+listxattr, never readable or writable through the filesystem.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from .arena import Arena
 from ..errors import fs_error
 from .creds import Caller
 from .filemap import ChunkOwner, FileData, MemoryOwner
-from .namespace import Inode, Namespace
+from .namespace import HIDDEN_XATTR, Inode, Namespace
 
 FRSIZE = 4096
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -263,6 +268,8 @@ class Filesystem:
             raise fs_error(errno.EINVAL)
         if size < 0:
             raise fs_error(errno.EINVAL)
+        if size and inode.data.remote is not None:
+            inode.data.remote.check_change()  # still being restored: wait for it (to zero cancels it)
         if size < inode.size:
             inode.data.truncate(size)
         inode.size = size
@@ -274,15 +281,21 @@ class Filesystem:
             self.durability.closed(inode)
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
+        if name.startswith(HIDDEN_XATTR):
+            raise fs_error(errno.ENODATA)
         return self.ns.getxattr(ino, name)
 
     def listxattr(self, ino: int) -> list[bytes]:
-        return list(self.ns.get(ino).xattrs)
+        return [n for n in self.ns.get(ino).xattrs if not n.startswith(HIDDEN_XATTR)]
 
     def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        if name.startswith(HIDDEN_XATTR):
+            raise fs_error(errno.EPERM, "reserved attribute")
         self.ns.setxattr(ino, name, value)
 
     def removexattr(self, ino: int, name: bytes) -> None:
+        if name.startswith(HIDDEN_XATTR):
+            raise fs_error(errno.EPERM, "reserved attribute")
         self.ns.removexattr(ino, name)
 
     # ---- data ----------------------------------------------------------

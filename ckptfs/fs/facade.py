@@ -5,7 +5,9 @@ device raises `NeedsFetch`, a write that finds memory full raises `NoSpace`.
 This facade holds the protocol around that, so that a front end (pyfuse3
 today, a native engine later) is a thin 1:1 translation of requests:
 
-- NeedsFetch: load the chunks (`Backend.fetch`), then retry;
+- NeedsFetch: load the chunks (`Backend.fetch`), then retry; its kind
+  NeedsRestore (a file still being restored from an object store):
+  `Backend.restore` fetches those chunks with priority, then retry;
 - NoSpace: wait for room (`Backend.room`: backpressure while the drain frees
   memory), then retry; False means room will never come (ENOSPC, or the
   bytes written so far);
@@ -32,12 +34,17 @@ from .core import Filesystem, FsStat, OpenResult
 from .creds import Caller
 from .filemap import NeedsFetch
 from .namespace import Inode
+from .remote import NeedsRestore
 
 VIRTUAL_PREFIX = b"user.ckptfs."
 
 
 async def _no_fetch(chunks) -> None:
     raise NotInMemory("data is not in memory and there is no device store")
+
+
+async def _no_restore(need) -> None:
+    raise NotInMemory("data is still to be restored and there is no restorer")
 
 
 async def _no_room(devices_full: bool = False) -> bool:
@@ -48,6 +55,7 @@ async def _no_room(devices_full: bool = False) -> bool:
 class Backend:
     """What the facade asks of the store (defaults: a memory-only mount)."""
     fetch: Callable[[list], Awaitable[None]] = _no_fetch
+    restore: Callable[[NeedsRestore], Awaitable[None]] = _no_restore  # chunks not restored yet
     room: Callable[[bool], Awaitable[bool]] = _no_room  # wait for memory; False: it will not come
     sync: Callable[[int | None], Awaitable[None]] | None = None  # fsync(ino) / syncfs (None)
     absorbed: Callable[[int], None] = lambda n: None  # hears the byte count of every write
@@ -64,6 +72,8 @@ class AsyncFilesystem:
         while True:
             try:
                 return fn(*args, **kw)
+            except NeedsRestore as e:
+                await self.backend.restore(e)
             except NeedsFetch as e:
                 await self.backend.fetch(e.chunks)
 
@@ -155,6 +165,8 @@ class AsyncFilesystem:
                     done += self.fs.write(fh, off + done, view[done:], kill_setid)
                     if done == len(view):
                         return done
+                except NeedsRestore as e:
+                    await self.backend.restore(e)
                 except NeedsFetch as e:
                     await self.backend.fetch(e.chunks)
                 except NoSpace as e:

@@ -19,7 +19,10 @@ chunk changed (to queue it for the drain, to drop a stale extent), and when a
 chunk left the map. `MemoryOwner` is the owner of a memory-only mount.
 
 Data that is not in memory cannot be served synchronously: read and write
-raise `NeedsFetch(chunks)` and the caller loads them and retries.
+raise `NeedsFetch(chunks)` and the caller loads them and retries. A file
+being restored from an object store carries a gate (`remote`, fs/remote.py)
+that raises `NeedsRestore` (a NeedsFetch) for chunks not fetched yet; the
+restorer writes them in with `fill`, which passes the gate.
 """
 from __future__ import annotations
 
@@ -115,6 +118,7 @@ class FileData:
         self._cs = owner.chunk_size
         self.chunks: dict[int, Chunk] = {}
         self._zeros = memoryview(bytes(self._cs))
+        self.remote = None  # remote.Remote while chunks are still to be restored from elsewhere
 
     @property
     def allocated_bytes(self) -> int:
@@ -154,7 +158,14 @@ class FileData:
         return chunk
 
     def write(self, off: int, buf) -> int:
-        """Copy `buf` to file offset `off`; returns the bytes written (short only on NoSpace/NeedsFetch)."""
+        """Copy `buf` to file offset `off`; returns the bytes written (short only on NoSpace/NeedsFetch).
+        A file still being restored waits for all of its contents first (NeedsRestore)."""
+        if self.remote is not None:
+            self.remote.check_change()
+        return self.fill(off, buf)
+
+    def fill(self, off: int, buf) -> int:
+        """`write` that passes the restore gate: how restored bytes come in."""
         src = memoryview(buf).cast("B")
         done = 0
         for idx, inner, n in self._pieces(off, len(src)):
@@ -189,6 +200,8 @@ class FileData:
     def read(self, off: int, size: int, file_size: int):
         """Up to `size` bytes at `off`, clipped to `file_size`: a memoryview when one piece suffices."""
         size = max(0, min(size, file_size - off))
+        if self.remote is not None:
+            self.remote.check_read(off, size)
         missing = self.missing(off, size, file_size)
         if missing:
             raise NeedsFetch(missing)
@@ -204,12 +217,21 @@ class FileData:
                 parts.append(self._zeros[:n - have])
         if size:
             self.owner.read_ahead(self, (off + size - 1) // self._cs)
+            if self.remote is not None:
+                self.remote.read_ahead((off + size - 1) // self._cs)
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
 
     def truncate(self, new_size: int) -> None:
-        """Drop everything at or beyond `new_size` (extending needs nothing: holes read as zeros)."""
+        """Drop everything at or beyond `new_size` (extending needs nothing: holes read as zeros).
+        On a file still being restored: to zero cancels the restore, any other size waits for it."""
+        if self.remote is not None:
+            if new_size:
+                self.remote.check_change()
+            else:
+                remote, self.remote = self.remote, None
+                remote.cancelled()
         cs = self._cs
         keep_idx, inner = divmod(new_size, cs)
         for idx in [i for i in self.chunks if i > keep_idx or (i == keep_idx and inner == 0)]:

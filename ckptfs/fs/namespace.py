@@ -38,6 +38,7 @@ ROOT_INO = 1
 NAME_MAX = 255  # bytes in one name
 XATTR_NAME_MAX = 255  # bytes in an extended attribute's name (as the VFS: ERANGE beyond)
 XATTR_SIZE_MAX = 65536  # bytes in an extended attribute's value (E2BIG beyond)
+HIDDEN_XATTR = b"ckptfs."  # ckptfs's own journaled attributes: never shown to users (core.py)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 

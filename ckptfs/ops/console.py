@@ -54,6 +54,18 @@ _STATE_STYLE = {"memory": "yellow", "draining": "cyan", "failed": "bold red", "d
 _HEALTH_STYLE = {"ok": "green", "errors": "yellow", "failing": "bold red"}
 
 
+def restore_line(r: dict):
+    """The status line of a restore from an object store (and its last error)."""
+    from rich.text import Text
+
+    t = Text(f"Restore from {r['source']} (manifest generation {r['generation']}): {r['state']}, "
+             f"{r['files_restored']}/{r['files_total']} files, {human_bytes(r['bytes_restored'])} of "
+             f"{human_bytes(r['bytes_total'])}", style="green" if r["state"] == "done" else "")
+    if r.get("errors_total"):
+        t.append(f"\n  {r['errors_total']} failed fetch(es), retried; last: {r['last_error']}", style="red")
+    return t
+
+
 def render(st: dict, limit: int = 20):
     """A rich renderable of a status snapshot."""
     from rich.console import Group
@@ -87,6 +99,9 @@ def render(st: dict, limit: int = 20):
     mem = st["memory"]
     parts.append(Text(f"Memory: {human_bytes(mem['arena'])} arena; {human_bytes(mem['undrained'])} not yet on "
                       f"the devices, {human_bytes(mem['cached'])} cached, {human_bytes(mem['free'])} free"))
+
+    if st.get("restore"):
+        parts.append(restore_line(st["restore"]))
 
     tot = st["totals"]
     files = st["files"]

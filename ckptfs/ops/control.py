@@ -106,11 +106,12 @@ def allowed(uid: int, owner: int) -> bool:
 
 # ---- the server (in the daemon's trio loop) ---------------------------------------
 class ControlServer:
-    def __init__(self, path: str, store, monitor, *, info: dict | None = None):
+    def __init__(self, path: str, store, monitor, *, info: dict | None = None, sections: dict | None = None):
         self.path = path
         self.store = store
         self.monitor = monitor
         self.info = dict(info or {})
+        self.sections = dict(sections or {})  # name -> callable() giving that part of the status (e.g. restore)
         self.owner = os.getuid()
         self._sock = None
         self._ino = None
@@ -209,6 +210,7 @@ class ControlServer:
 
     def status(self, *, window: float = 2.0, limit: int | None = None) -> dict:
         info = dict(self.info, pid=os.getpid(), control=self.path, time=time.time())
+        info.update({name: fn() for name, fn in self.sections.items()})
         return status_mod.snapshot(self.store, self.monitor, window=window, limit=limit, info=info)
 
     # ---- wait ---------------------------------------------------------------

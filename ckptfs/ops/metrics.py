@@ -30,6 +30,11 @@ Metrics (all prefixed ``ckptfs_``):
     max_lag_seconds             the mount's --max-lag
     unclean_recoveries_total    1 when this mount recovered from an unclean shutdown, else 0
     journal_frames_discarded_total   torn or damaged journal frames dropped by that recovery
+    restore_files{kind}         while restoring from an object store: total, restored
+    restore_bytes{kind}         total, restored (in the filesystem, checked), fetched (GET bytes)
+    restore_errors_total        failed fetches (checksum mismatches, S3 errors), retried
+    restore_generation          the manifest generation being restored
+    restore_done                1 once everything restored is local and durable
 """
 from __future__ import annotations
 
@@ -39,9 +44,10 @@ import math
 log = logging.getLogger("ckptfs.metrics")
 
 
-def read_metrics(store, monitor, window: float = 2.0) -> dict:
+def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = None) -> dict:
     """One consistent reading of everything exported (call in the trio thread): `Store.statistics()`
-    plus the monitor's rates."""
+    plus the monitor's rates, plus the `sections` of the status (name -> callable) it exports
+    (restore)."""
     st = store.statistics()
     rates = monitor.rates(window)
     by_state = {"memory": 0, "draining": 0, "failed": 0}
@@ -71,7 +77,26 @@ def read_metrics(store, monitor, window: float = 2.0) -> dict:
         "unclean": 0 if st.recovery.get("clean", True) else 1,
         "discarded": len(st.recovery.get("discarded", ())),
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
+        "restore": sections["restore"]() if sections and "restore" in sections else None,
     }
+
+
+def _restore_families(r: dict) -> list:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    files = GaugeMetricFamily("ckptfs_restore_files", "Files of the restore from an object store.", labels=["kind"])
+    files.add_metric(["total"], r["files_total"])
+    files.add_metric(["restored"], r["files_restored"])
+    size = GaugeMetricFamily("ckptfs_restore_bytes", "Bytes of the restore: total, restored (checked, in the "
+                             "filesystem), fetched (GET bytes, retries included).", labels=["kind"])
+    for kind in ("total", "restored", "fetched"):
+        size.add_metric([kind], r[f"bytes_{kind}"])
+    return [files, size,
+            CounterMetricFamily("ckptfs_restore_errors", "Failed restore fetches (retried).", value=r["errors_total"]),
+            GaugeMetricFamily("ckptfs_restore_generation", "The manifest generation being restored.",
+                              value=r["generation"]),
+            GaugeMetricFamily("ckptfs_restore_done", "1 once everything restored is local and durable.",
+                              value=1 if r["state"] == "done" else 0)]
 
 
 class StoreCollector:
@@ -147,6 +172,8 @@ class StoreCollector:
             for dev in m["devices"]:
                 fam.add_metric([dev["device"], dev["index"]], dev[key])
             out.append(fam)
+        if m.get("restore"):
+            out.extend(_restore_families(m["restore"]))
         return out
 
 

@@ -53,6 +53,12 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       epoch, half, discarded [what replay dropped: a torn tail, damaged
                       frames], warnings
     all_durable, last_error
+    restore           only while a restore from an object store runs (replicate/restore.py):
+                      source, endpoint, generation (of the manifest), state (loading |
+                      fetching | syncing | done | failed), files_total, files_restored,
+                      bytes_total, bytes_restored, bytes_fetched, demand_fetches,
+                      files_pending, errors_total, errors [the last causes], last_error,
+                      manifest_time, seconds
 """
 from __future__ import annotations
 
