@@ -271,6 +271,7 @@ class _Daemon:
             nursery.start_soon(self._watch_signals)
             if self.native is not None:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
+                store.loop.uninstall()  # no worker thread is left to share the core with
             else:
                 await pyfuse3.main()
             stats = store.statistics()
@@ -302,11 +303,14 @@ class _Daemon:
 
     async def _start_native(self) -> NativeEngine | None:
         """Mount through the native engine; None (and one log line) if it cannot start here."""
+        loop = self.mount.store.loop
+        loop.install()  # from now on the workers may take the trio thread's lock (fuse/native.py)
         engine = NativeEngine(self.mount.afs, self.cfg.mountpoint, trio.lowlevel.current_trio_token(),
-                              threads=self.cfg.threads)
+                              threads=self.cfg.threads, loop=loop)
         try:
             await trio.to_thread.run_sync(engine.start)
         except Exception as e:  # noqa: BLE001 - any failure to start falls back to pyfuse3
+            loop.uninstall()
             log.warning("engine.fallback", extra={"fields": {
                 "engine": "native", "error": f"{type(e).__name__}: {e}", "using": "pyfuse3"}})
             return None

@@ -10,6 +10,7 @@ import trio
 from ckptfs import daemon
 from ckptfs.errors import FsError
 from ckptfs.fuse.native import TrioHandler
+from ckptfs.tasks import LoopLock
 from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
 
 
@@ -84,8 +85,10 @@ def test_a_native_engine_that_cannot_start_falls_back_in_one_log_line(monkeypatc
 
     monkeypatch.setattr(daemon, "NativeEngine", Refused)
     cfg = SimpleNamespace(mountpoint="/nowhere", threads=None)
-    d = daemon._Daemon(cfg, SimpleNamespace(afs=None), control=None, metrics=None)
+    loop = LoopLock()
+    d = daemon._Daemon(cfg, SimpleNamespace(afs=None, store=SimpleNamespace(loop=loop)), control=None, metrics=None)
     with caplog.at_level(logging.INFO, logger="ckptfs.daemon"):
         assert trio.run(d._start_native) is None
+    assert not loop.installed and loop.lock.acquire(blocking=False)  # given back with the fallback
     lines = [r for r in caplog.records if r.getMessage() == "engine.fallback"]
     assert len(lines) == 1 and "Permission denied" in lines[0].fields["error"]

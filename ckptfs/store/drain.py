@@ -36,7 +36,7 @@ from ..errors import ChecksumMismatch, DeviceError, DevicesFull, FsError, NoSpac
 from ..format.records import Extent
 from ..fs.arena import Arena
 from ..fs.filemap import Chunk
-from ..tasks import gather
+from ..tasks import LoopLock, gather
 from .allocator import Allocator
 from .device import BlockDevice, round_up
 
@@ -68,6 +68,7 @@ class DrainHost(Protocol):
     def evictable(self) -> int: ...  # slots held by chunks already on a device
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
     def wake(self) -> None: ...  # progress: waiters may look again
+    loop: LoopLock  # wake-ups from other threads go through loop.soon
 
 
 class Drainer:
@@ -99,9 +100,12 @@ class Drainer:
         # wake a worker for a full batch (large I/Os, few thread hand-offs) or when someone
         # waits for this chunk; the ticker picks up partial batches a moment later
         if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
-            self.work[dev].unpark()
-        else:
-            self.tick.set()
+            self.host.loop.soon(self.work[dev].unpark)
+        elif not self.tick.is_set():
+            self.host.loop.soon(self._set_tick)
+
+    def _set_tick(self) -> None:
+        self.tick.set()
 
     def unqueue(self, chunk: Chunk) -> bool:
         """Take a queued chunk back (its bytes went stale); True if it was queued."""
@@ -119,11 +123,17 @@ class Drainer:
 
     def note_write(self) -> None:
         """The arena was written: under absorb-first the gatekeeper may close the gate."""
+        self.host.loop.soon(self._note_write)
+
+    def _note_write(self) -> None:
         self.last_write = trio.current_time()
         if self.gate.is_set() and self.policy == "absorb-first":
             self.writes_started.set()
 
     def open_gate(self) -> None:
+        self.host.loop.soon(self._open_gate)
+
+    def _open_gate(self) -> None:
         self.gate.set()
 
     def slow(self, dev: int) -> bool:
@@ -237,7 +247,7 @@ class Drainer:
                 for p in run:
                     chunk = p[0]
                     chunk.busy = False
-                    if not (chunk.live or chunk.pins) and chunk.slot is not None:
+                    if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
                         h.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
                         chunk.slot = None
 
@@ -295,9 +305,14 @@ class Drainer:
             return
         if self.host.arena.free_slots + self.host.evictable() < 2 * READAHEAD:
             return
-        for i in range(idx + 1, idx + 1 + READAHEAD):
-            c = data.chunks.get(i)
-            if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching:
+        chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + READAHEAD))
+                  if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching]
+        if chunks:
+            self.host.loop.soon(self._prefetch, chunks)
+
+    def _prefetch(self, chunks: list[Chunk]) -> None:
+        for c in chunks:
+            if id(c) not in self.fetching:
                 self.nursery.start_soon(self._prefetch_one, c)
 
     async def _prefetch_one(self, chunk: Chunk) -> None:

@@ -17,9 +17,12 @@ data lands in the payload buffer on its own. By default the payload buffer is
 the worker's; a `write_buffer(worker)` hook may supply it instead, before
 every read (e.g. a free arena slot): the write handler then finds its data
 already in place and may keep the buffer (the hook returns a fresh one next
-time). The buffer must hold `payload_size` bytes. Replies go out with
-``os.writev(fd, [out_header, *data])``: READ data may be views of the arena or
-of device buffers, never copied here. os.readv/os.writev release the GIL.
+time; None: the worker's own). The buffer must hold `payload_size` bytes.
+Replies go out with ``os.writev(fd, [out_header, *data])``: READ data may be
+views of the arena or of device buffers, never copied here; a result with a
+`release()` method is released once its reply is written (or dropped), so a
+handler can pin what its views show until then. os.readv/os.writev release
+the GIL.
 
 The handler is any object with one method per operation, named by
 `Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
@@ -248,9 +251,10 @@ class Session:
 
     # ---- the workers ---------------------------------------------------------------------
     def _payload(self, index: int, own: memoryview) -> memoryview:
-        if self.write_buffer is None:
+        buf = None if self.write_buffer is None else self.write_buffer(index)
+        if buf is None:
             return own
-        buf = memoryview(self.write_buffer(index)).cast("B")
+        buf = memoryview(buf).cast("B")
         if buf.readonly or buf.nbytes < self.payload_size:
             log.error("write_buffer gave %d bytes (%s); need %d writable: using the worker's own buffer",
                       buf.nbytes, "read-only" if buf.readonly else "writable", self.payload_size)
@@ -319,27 +323,35 @@ class Session:
             return
         unique = h.unique
         self._inflight.add(unique)
+        held = []  # the handler's result, when it holds something until the reply is out
         try:
-            parts = self._call(fn, req)
+            parts = self._call(fn, req, held)
         except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
             log.exception("%s: could not encode the reply", method)
             parts = [None, errno.EIO]
         finally:
             self._inflight.discard(unique)
             self._interrupted.discard(unique)
-        if parts[0] is None:
-            counts["errors"] = counts.get("errors", 0) + 1
-            parts = [error_reply(unique, parts[1])]
-        if not self._send(fd, parts, unique):
-            counts["dropped"] = counts.get("dropped", 0) + 1
+        try:
+            if parts[0] is None:
+                counts["errors"] = counts.get("errors", 0) + 1
+                parts = [error_reply(unique, parts[1])]
+            if not self._send(fd, parts, unique):
+                counts["dropped"] = counts.get("dropped", 0) + 1
+        finally:
+            for result in held:
+                result.release()
 
-    def _call(self, fn, req) -> list:
-        """The reply buffers for `req`, or [None, errno]."""
+    def _call(self, fn, req, held: list) -> list:
+        """The reply buffers for `req`, or [None, errno]. A result with `release()` goes into
+        `held`, released once the reply is written (or dropped)."""
         method = req.method
         try:
             result = fn(req)
         except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
             return [None, _errno_of(exc, method)]
+        if callable(getattr(result, "release", None)):
+            held.append(result)
         if method in ("getxattr", "listxattr"):
             if method == "listxattr" and not isinstance(result, (bytes, bytearray, memoryview)):
                 result = b"".join(bytes(name) + b"\0" for name in result)
