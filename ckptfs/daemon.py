@@ -272,6 +272,7 @@ class _Daemon:
             if self.native is not None:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
                 store.loop.uninstall()  # no worker thread is left to share the core with
+                log.info("engine.statistics", extra={"fields": self.native.statistics()})
             else:
                 await pyfuse3.main()
             stats = store.statistics()

@@ -24,6 +24,9 @@ async def gather(calls: list[tuple]) -> None:
         raise errors[0]
 
 
+HANDOFF_MAX_S = 0.005  # the longest the trio thread lets queued threads go first, per scheduler pass
+
+
 class LoopLock(trio.abc.Instrument):
     """One lock for everything the trio thread owns (core, store, namespace), shared with other threads.
 
@@ -41,6 +44,11 @@ class LoopLock(trio.abc.Instrument):
     twice run once). Callers of `soon` hold `lock`. A thread holding `lock` must never wait
     for the trio thread (`trio.from_thread.run`): the trio thread waits for the lock first.
 
+    Fairness: a busy trio thread lets go and takes the lock back at once on every pass, and
+    would win every race against a thread woken to take it. So a thread that has to wait
+    says so (`_waiting`), and the trio thread, coming out of its I/O wait, lets every such
+    thread have its turn first (at most HANDOFF_MAX_S per pass).
+
     `statistics()`: how often and how long other threads waited for the lock.
     """
 
@@ -54,6 +62,8 @@ class LoopLock(trio.abc.Instrument):
         self.wait_s = 0.0  # their total wait
         self.max_wait_s = 0.0
         self.acquired = 0  # acquisitions by other threads
+        self._waiting = 0  # other threads blocked on the lock now (GUARDED_BY: _turn)
+        self._turn = threading.Condition(threading.Lock())
 
     # ---- the trio thread -------------------------------------------------------------
     def install(self) -> None:
@@ -76,13 +86,22 @@ class LoopLock(trio.abc.Instrument):
         self.lock.release()
 
     def after_io_wait(self, timeout: float) -> None:
+        if self._waiting:  # threads queued for the lock go first (a busy trio thread would win every race)
+            with self._turn:
+                self._turn.wait_for(lambda: not self._waiting, HANDOFF_MAX_S)
         self.lock.acquire()
 
     # ---- any thread --------------------------------------------------------------------
     def __enter__(self):
         if not self.lock.acquire(blocking=False):
             t0 = time.perf_counter()
+            with self._turn:
+                self._waiting += 1
             self.lock.acquire()
+            with self._turn:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._turn.notify_all()
             waited = time.perf_counter() - t0
             self.waits += 1
             self.wait_s += waited

@@ -75,6 +75,7 @@ class TrioHandler:
         self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
         self._local = threading.local()  # .slot: the arena slot lent to this worker, or None
         self._lent: set[int] = set()  # every slot lent to a worker (returned by close())
+        self.adopted = 0  # WRITEs whose lent slot became a chunk's memory (no copy)
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -123,6 +124,7 @@ class TrioHandler:
             if not self.ops.afs.fs.arena.is_lent(slot):
                 self._local.slot = None
                 self._lent.discard(slot)
+                self.adopted += 1
         return self._serve(self.ops.write, req, slot, after=adopted)
 
     def read(self, req):
@@ -238,6 +240,7 @@ class NativeEngine:
 
     def statistics(self) -> dict[str, int]:
         stats = self.session.statistics()
+        stats["adopted"] = self.handler.adopted
         if self.loop is not None:
             stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})
         return stats

@@ -236,10 +236,13 @@ class Drainer:
             else:
                 runs.append([p])
         # the views are taken now, before any await, and the slots stay theirs (busy) until the
-        # writes return, even if the chunks are dropped meanwhile
+        # writes return, even if the chunks are dropped meanwhile. Each chunk's tail up to the
+        # next 4 KiB is zeroed here too, not in the device thread: a write may extend the chunk
+        # in place while its drain runs (the copy is then stale, but the new bytes must stay)
         for run in runs:
             for p in run:
                 p[0].busy = True
+                _zero_tail(h.arena.view(p[0].slot), p[4])
         try:
             await gather([(self._write_run, run, [h.arena.view(p[0].slot) for p in run]) for run in runs])
         finally:
@@ -374,18 +377,23 @@ def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid
     return crc32c.crc32c(view[:valid])
 
 
+def _zero_tail(view: memoryview, hwm: int) -> None:
+    """Zero a chunk's bytes from `hwm` to the next 4 KiB (they go to the device with it)."""
+    length = round_up(hwm)
+    if length > hwm:
+        view[hwm:length] = bytes(length - hwm)
+
+
 def _checksum_and_write(device: BlockDevice, views: list[memoryview], hwms: list[int], offset: int
                         ) -> list[int]:
-    """In a worker thread: zero-pad each chunk to 4 KiB, checksum its valid bytes, write them all
-    with one pwritev at `offset`; returns the crcs.
+    """In a worker thread: checksum each chunk's valid bytes, write them (zero-padded to 4 KiB
+    already) with one pwritev at `offset`; returns the crcs.
 
     If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
     """
     bufs, crcs = [], []
     for view, hwm in zip(views, hwms):
         length = round_up(hwm)
-        if length > hwm:
-            view[hwm:length] = bytes(length - hwm)
         crcs.append(crc32c.crc32c(view[:hwm]))
         bufs.append(view[:length])
     device.pwritev(bufs, offset)
