@@ -85,7 +85,7 @@ class TrioHandler:
         if name in INTERRUPTIBLE:
             return lambda req: trio.from_thread.run(self._interruptible, op, req, trio_token=self.token)
         if inspect.iscoroutinefunction(op) or self.loop is None:
-            return lambda req: trio.from_thread.run(self._run, op, req, trio_token=self.token)
+            return lambda req: self._on_trio(op, req)
         return lambda req: self._serve(op, req)
 
     def syncfs(self, req) -> None:
@@ -107,15 +107,18 @@ class TrioHandler:
                     if after is not None:
                         after()
         except Blocked as b:
-            return trio.from_thread.run(self._run, b.afn, *b.args, trio_token=self.token)
+            return self._on_trio(b.afn, *b.args)
         except FsError:
             raise
         except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3
             raise FsError(errno=errno_of(exc, req.method)) from None
 
+    def _on_trio(self, op, req, *args):
+        return trio.from_thread.run(self._run, op, req, *args, trio_token=self.token)
+
     def write(self, req):
         if self.loop is None:
-            return trio.from_thread.run(self._run, self.ops.write, req, trio_token=self.token)
+            return self._on_trio(self.ops.write, req)
         slot = getattr(self._local, "slot", None)
         if slot is None:
             return self._serve(self.ops.write, req)
@@ -128,13 +131,14 @@ class TrioHandler:
         return self._serve(self.ops.write, req, slot, after=adopted)
 
     def read(self, req):
-        if self.loop is None:
-            return trio.from_thread.run(self._run, self.ops.read, req, trio_token=self.token)
-        pinned = self._serve(self.ops.read, req)
+        pinned = self._on_trio(self.ops.read, req) if self.loop is None else self._serve(self.ops.read, req)
         pinned.on_release = self._read_done
         return pinned
 
     def _read_done(self, pinned) -> None:
+        if self.loop is None:
+            trio.from_thread.run_sync(self.ops.afs.read_done, pinned, trio_token=self.token)
+            return
         with self.loop:
             self.ops.afs.read_done(pinned)
 
@@ -165,8 +169,15 @@ class TrioHandler:
     # ---- on the trio thread ----------------------------------------------------------------
     @staticmethod
     async def _run(op, req, *args):
+        """op(req, *args) on the trio thread: a coroutine, or a synchronous operation (then its
+        continuation if it is `Blocked`)."""
         try:
-            return await op(req, *args)
+            if inspect.iscoroutinefunction(op):
+                return await op(req, *args)
+            try:
+                return op(req, *args)
+            except Blocked as b:
+                return await b.afn(*b.args)
         except FsError:
             raise
         except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3

@@ -26,6 +26,7 @@ and reports of what happened to each chunk.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Protocol
 
@@ -82,7 +83,7 @@ class Drainer:
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
-        self.last_write = -1.0  # trio time of the last write into the arena
+        self.last_write = -1.0  # time.monotonic() of the last write into the arena (any thread writes it)
         self.work = [trio.lowlevel.ParkingLot() for _ in range(n)]
         self.tick = trio.Event()  # set when a partial batch waits for the ticker
         self.writes_started = trio.Event()
@@ -122,13 +123,14 @@ class Drainer:
         return sum(c.hwm for q in self.ready for c in q.values())
 
     def note_write(self) -> None:
-        """The arena was written: under absorb-first the gatekeeper may close the gate."""
-        self.host.loop.soon(self._note_write)
+        """The arena was written: under absorb-first the gatekeeper may close the gate (woken once
+        per burst of writes, not per write)."""
+        self.last_write = time.monotonic()
+        if self.gate.is_set() and self.policy == "absorb-first" and not self.writes_started.is_set():
+            self.host.loop.soon(self._writes_started)
 
-    def _note_write(self) -> None:
-        self.last_write = trio.current_time()
-        if self.gate.is_set() and self.policy == "absorb-first":
-            self.writes_started.set()
+    def _writes_started(self) -> None:
+        self.writes_started.set()
 
     def open_gate(self) -> None:
         self.host.loop.soon(self._open_gate)
@@ -155,7 +157,7 @@ class Drainer:
     def _hold_back(self) -> bool:
         """Absorb first: hold the drain while writes stream in and nothing presses."""
         return (self.policy == "absorb-first"
-                and trio.current_time() - self.last_write < HOLD_IDLE
+                and time.monotonic() - self.last_write < HOLD_IDLE
                 and not self.host.pressing())
 
     async def _gatekeeper(self) -> None:
