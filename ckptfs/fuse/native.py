@@ -83,29 +83,33 @@ class TrioHandler:
             raise AttributeError(name)
         op = getattr(self.ops, name)
         if name in INTERRUPTIBLE:
-            return lambda req: trio.from_thread.run(self._interruptible, op, req, trio_token=self.token)
+            return lambda req: self._ordered(self._interruptible, op, req)
         if inspect.iscoroutinefunction(op) or self.loop is None:
-            return lambda req: self._on_trio(op, req)
+            return lambda req: self._ordered(self._run, op, req)
         return lambda req: self._serve(op, req)
 
     def syncfs(self, req) -> None:
         log.info("syncfs", extra={"fields": {"pid": req.header.pid}})
-        return trio.from_thread.run(self._interruptible, self.ops.syncfs, req, trio_token=self.token)
+        return self._ordered(self._interruptible, self.ops.syncfs, req)
 
     def interrupt(self, target: int) -> None:
         trio.from_thread.run_sync(self._cancel, target, trio_token=self.token)
 
     # ---- in the worker thread -------------------------------------------------------------
     def _serve(self, op, req, *args, after=None):
-        """op(req, *args) under the loop lock (then `after()`, still under it); its continuation
-        on the trio thread if it must wait."""
+        """op(req, *args) under the loop lock, in the kernel's order (then `after()`, still under
+        it); its continuation on the trio thread if it must wait."""
         try:
-            with self.loop:
-                try:
-                    return op(req, *args)
-                finally:
-                    if after is not None:
-                        after()
+            self._turn(req)
+            try:
+                with self.loop:
+                    try:
+                        return op(req, *args)
+                    finally:
+                        if after is not None:
+                            after()
+            finally:
+                self._done(req)  # the next request may go while this one replies, or waits
         except Blocked as b:
             return self._on_trio(b.afn, *b.args)
         except FsError:
@@ -113,12 +117,26 @@ class TrioHandler:
         except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3
             raise FsError(errno=errno_of(exc, req.method)) from None
 
+    def _turn(self, req) -> None:
+        if self.session is not None:
+            self.session.order.turn(req.unique)
+
+    def _done(self, req) -> None:
+        if self.session is not None:
+            self.session.order.done(req.unique)
+
+    def _ordered(self, afn, op, req):
+        """op's coroutine on the trio thread, started after every earlier request had its turn."""
+        self._turn(req)
+        self._done(req)
+        return trio.from_thread.run(afn, op, req, trio_token=self.token)
+
     def _on_trio(self, op, req, *args):
         return trio.from_thread.run(self._run, op, req, *args, trio_token=self.token)
 
     def write(self, req):
         if self.loop is None:
-            return self._on_trio(self.ops.write, req)
+            return self._ordered(self._run, self.ops.write, req)
         slot = getattr(self._local, "slot", None)
         if slot is None:
             return self._serve(self.ops.write, req)
@@ -131,7 +149,7 @@ class TrioHandler:
         return self._serve(self.ops.write, req, slot, after=adopted)
 
     def read(self, req):
-        pinned = self._on_trio(self.ops.read, req) if self.loop is None else self._serve(self.ops.read, req)
+        pinned = self._ordered(self._run, self.ops.read, req) if self.loop is None else self._serve(self.ops.read, req)
         pinned.on_release = self._read_done
         return pinned
 
@@ -252,6 +270,7 @@ class NativeEngine:
     def statistics(self) -> dict[str, int]:
         stats = self.session.statistics()
         stats["adopted"] = self.handler.adopted
+        stats["order_gaps"] = self.session.order.gaps
         if self.loop is not None:
             stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})
         return stats

@@ -5,7 +5,12 @@ chunks move. Each device has `queue_depth` worker tasks taking chunks from
 its queue. A worker takes a few queued chunks at once, gives each a data unit
 (consecutive units where it can), and writes each run of consecutive units
 with one `pwritev` in a worker thread, the checksum computed there too, so
-the trio thread (which serves FUSE) only does bookkeeping. When the write
+the trio thread only does bookkeeping (and zeroes each chunk's tail up to 4
+KiB before the write starts: a write may extend the chunk in place
+meanwhile, from the trio thread or a FUSE worker holding the loop lock).
+Wake-ups that may come from such a worker (a queued chunk, the gate, the
+ticker, read-ahead) go through the store's `loop.soon`; writes note
+themselves with `time.monotonic()` for the gate. When the write
 returns, a chunk whose generation moved on, or that was deleted meanwhile,
 gets its unit back instead (that copy is stale).
 

@@ -44,6 +44,13 @@ access, fsyncdir, syncfs, ...). To fail, raise any exception with an int
 `errno` (OSError, ckptfs.errors.FsError); anything else is logged and
 becomes EIO. Nothing a handler does ends a worker.
 
+Order: the kernel numbers requests in the order it queues them; workers
+read them in that order but may reach the handler in another. A handler
+that needs the kernel's order calls ``session.order.turn(req.unique)``
+before acting (order.py: it waits until every earlier request is done) and
+``session.order.done(req.unique)`` once it may be overtaken (the session
+says done itself after the reply, for every request).
+
 INTERRUPT marks the target in-flight request; a long handler polls
 `session.interrupted(req.unique)` and may give up with EINTR. An interrupt
 for a request not yet registered gets EAGAIN, so the kernel repeats it.
@@ -61,6 +68,7 @@ import time
 
 from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
+from .order import KernelOrder
 from .parse import parse_header, parse_request
 from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
                       XattrSize, error_reply, frame)
@@ -118,6 +126,7 @@ class Session:
         self._counts: list[dict[str, int]] = []
         self._pages_limit: int | None = None
         self.mounted = False
+        self.order = KernelOrder()  # handlers that want the kernel's order take turns (order.py)
 
     # ---- lifecycle -----------------------------------------------------------------
     def mount(self) -> None:
@@ -173,6 +182,7 @@ class Session:
                                              else _errno_of(exc, "init"))], h.unique)
             raise
         self.negotiated = neg
+        self.order.start(h.unique)
         self.payload_size = max(neg.max_write, NON_WRITE_ROOM)
         for name in ("lookup forget batch_forget getattr setattr readlink symlink mknod mkdir unlink rmdir "
                      "rename link open read write statfs release fsync setxattr getxattr listxattr "
@@ -290,6 +300,14 @@ class Session:
             log.debug("worker %d exits", index)
 
     def _serve_one(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
+        unique = abi.IN_HEADER.unpack_from(head)[2] if n >= abi.IN_HEADER.size else None
+        try:
+            self._serve_request(fd, head, payload, n, counts)
+        finally:
+            if unique is not None:
+                self.order.done(unique)  # whatever happened to it (a handler may have said so sooner)
+
+    def _serve_request(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
         if n < abi.IN_HEADER.size:
             log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
             return
