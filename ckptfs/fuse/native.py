@@ -19,6 +19,14 @@ did before. FSYNC, FSYNCDIR and SYNCFS always go there. What the fast path
 does that would wake trio tasks (the drain's queues, the committer, waiters)
 the store routes through `LoopLock.soon` (run_sync_soon).
 
+Order. Workers read requests in the kernel's order but could reach the core
+in another; each request takes its turn (`session.order`, kernel/order.py)
+before the lock, and says done when it leaves the lock or hops to the trio
+thread, so the core applies requests in the kernel's order, as a single
+reader would (a RELEASE, which the kernel sends after close() returned, is
+never overtaken by the same file's next OPEN or RENAME: ckptfs commits a
+file at its RELEASE).
+
 Zero copy. `write_buffer` (the session's hook, before each read) hands each
 worker a free arena slot, lent (`AsyncFilesystem.lend_slot`, counted as used
 memory, and only while more than `keep_free` slots are free); the kernel
