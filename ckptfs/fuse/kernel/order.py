@@ -17,16 +17,22 @@ single reader would. A number that never comes (a request interrupted before
 any worker read it) is given up on after `gap_s`. A request that must wait
 (memory, devices) calls `done` before it waits, so it holds nobody up,
 exactly as a single-threaded server that moves on to the next request.
+If numbers go missing more than MAX_GAPS times (a kernel numbering its
+requests otherwise), turns stop waiting, with one warning.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from . import abi
 
-REQ_ID_STEP = 2
+log = logging.getLogger("ckptfs.fuse.kernel")
+
+REQ_ID_STEP = 2  # since Linux 4.20 (FUSE_REQ_ID_STEP)
 GAP_S = 0.05  # how long a turn waits for a request number that may never come
+MAX_GAPS = 64  # more gaps than this: the numbering is not what we expect; stop waiting
 
 
 class KernelOrder:
@@ -56,6 +62,10 @@ class KernelOrder:
                     self.gaps += 1
                     self._next = unique  # the ones before it never came: do not wait for them again
                     self._advance()
+                    if self.gaps > MAX_GAPS:
+                        log.warning("request numbers keep going missing (%d times): no longer keeping "
+                                    "the kernel's order across threads", self.gaps)
+                        self._next = None
                     break
                 self._cond.wait(deadline - now)
 
