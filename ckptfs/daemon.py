@@ -324,6 +324,8 @@ class _Daemon:
             nursery.start_soon(self._watch_signals)
             if self.native is not None:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
+                store.loop.uninstall()  # no worker thread is left to share the core with
+                log.info("engine.statistics", extra={"fields": self.native.statistics()})
             else:
                 await self.pyfuse3.serve()
             if restorer is not None:
@@ -358,11 +360,14 @@ class _Daemon:
     async def _start_native(self) -> NativeEngine | None:
         """Mount through the native engine; None (and one log line) if it cannot start here and
         pyfuse3 can serve instead; without pyfuse3 the error stands."""
+        loop = self.mount.store.loop
+        loop.install()  # from now on the workers may take the trio thread's lock (fuse/native.py)
         engine = NativeEngine(self.mount.afs, self.cfg.mountpoint, trio.lowlevel.current_trio_token(),
-                              threads=self.cfg.threads)
+                              threads=self.cfg.threads, loop=loop)
         try:
             await trio.to_thread.run_sync(engine.start)
         except Exception as e:  # noqa: BLE001 - any failure to start falls back to pyfuse3
+            loop.uninstall()
             if not pyfuse3_engine.available():
                 raise UsageError(f"the native FUSE engine cannot start ({type(e).__name__}: {e}) and the "
                                  "pyfuse3 fallback is not installed (pip install 'ckptfs[pyfuse3]')") from e

@@ -1,5 +1,8 @@
-"""Small trio helpers shared by the store's tasks."""
+"""Small trio helpers: `gather` for the store's tasks, `LoopLock` for threads that share the trio thread's state."""
 from __future__ import annotations
+
+import threading
+import time
 
 import trio
 
@@ -19,3 +22,120 @@ async def gather(calls: list[tuple]) -> None:
             n.start_soon(one, *call)
     if errors:
         raise errors[0]
+
+
+HANDOFF_MAX_S = 0.005  # the longest the trio thread lets queued threads go first, per scheduler pass
+
+
+class LoopLock(trio.abc.Instrument):
+    """One lock for everything the trio thread owns (core, store, namespace), shared with other threads.
+
+    Once `install()`ed (on the trio thread), the trio thread holds `lock` whenever it runs and
+    lets go only while it sleeps in its I/O wait: trio calls `before_io_wait` and
+    `after_io_wait` around every wait of its scheduler loop, busy or idle. Another thread
+    (a FUSE worker) that takes `lock` may then call the same synchronous code the trio
+    tasks call, and sees and leaves every invariant as a trio task would: between two
+    checkpoints of the trio thread nothing else runs.
+
+    Such a thread must not wake trio tasks itself (a ParkingLot, an Event, a nursery, the
+    trio clock belong to the trio thread): that code goes through `soon(fn, *args)`, which
+    calls fn at once on the trio thread (or when nothing is installed) and otherwise queues
+    it for the trio thread (`run_sync_soon`, once per batch; argument-less calls queued
+    twice run once). Callers of `soon` hold `lock`. A thread holding `lock` must never wait
+    for the trio thread (`trio.from_thread.run`): the trio thread waits for the lock first.
+
+    Fairness: a busy trio thread lets go and takes the lock back at once on every pass, and
+    would win every race against a thread woken to take it. So a thread that has to wait
+    says so (`_waiting`), and the trio thread, coming out of its I/O wait, lets every such
+    thread have its turn first (at most HANDOFF_MAX_S per pass).
+
+    `statistics()`: how often and how long other threads waited for the lock.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._thread: int | None = None
+        self._token = None
+        self._pending: list[tuple] = []
+        self._pending_keys: set = set()
+        self.waits = 0  # acquisitions by other threads that had to wait
+        self.wait_s = 0.0  # their total wait
+        self.max_wait_s = 0.0
+        self.acquired = 0  # acquisitions by other threads
+        self._waiting = 0  # other threads blocked on the lock now (GUARDED_BY: _turn)
+        self._turn = threading.Condition(threading.Lock())
+
+    # ---- the trio thread -------------------------------------------------------------
+    def install(self) -> None:
+        """On the trio thread: hold the lock from now on while running."""
+        self.lock.acquire()
+        self._thread = threading.get_ident()
+        self._token = trio.lowlevel.current_trio_token()
+        trio.lowlevel.add_instrument(self)
+
+    def uninstall(self) -> None:
+        """On the trio thread: stop (other threads must be done with the lock)."""
+        if self._thread is None:
+            return
+        trio.lowlevel.remove_instrument(self)
+        self._run_pending()
+        self._thread = self._token = None
+        self.lock.release()
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.lock.release()
+
+    def after_io_wait(self, timeout: float) -> None:
+        if self._waiting:  # threads queued for the lock go first (a busy trio thread would win every race)
+            with self._turn:
+                self._turn.wait_for(lambda: not self._waiting, HANDOFF_MAX_S)
+        self.lock.acquire()
+
+    # ---- any thread --------------------------------------------------------------------
+    def __enter__(self):
+        if not self.lock.acquire(blocking=False):
+            t0 = time.perf_counter()
+            with self._turn:
+                self._waiting += 1
+            self.lock.acquire()
+            with self._turn:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._turn.notify_all()
+            waited = time.perf_counter() - t0
+            self.waits += 1
+            self.wait_s += waited
+            self.max_wait_s = max(self.max_wait_s, waited)
+        self.acquired += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+    @property
+    def installed(self) -> bool:
+        return self._thread is not None
+
+    def soon(self, fn, *args) -> None:
+        """fn(*args) on the trio thread: now if this is it, else as soon as it runs (hold `lock`)."""
+        if self._thread is None or threading.get_ident() == self._thread:
+            fn(*args)
+            return
+        if not args:
+            if fn in self._pending_keys:
+                return
+            self._pending_keys.add(fn)
+        first = not self._pending
+        self._pending.append((fn, args))
+        if first:
+            self._token.run_sync_soon(self._run_pending)
+
+    def _run_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        self._pending_keys = set()
+        for fn, args in pending:
+            fn(*args)
+
+    def statistics(self) -> dict[str, float]:
+        return {"acquired": self.acquired, "waits": self.waits, "wait_s": self.wait_s,
+                "max_wait_s": self.max_wait_s}

@@ -52,6 +52,7 @@ class Driver:
         mount = assemble(cfg, devices)  # the daemon's own wiring
         self.fs, self.store, self.monitor = mount.fs, mount.store, mount.monitor
         self.ops = mount.operations()
+        self.afs = mount.afs
         # a control server on the socket path `control`, as the daemon runs one
         self.control = ControlServer(control, self.store, self.monitor) if control else None
         self._ready = threading.Event()
@@ -68,6 +69,7 @@ class Driver:
             self._stop = trio.Event()
             await self.store.compact()
             async with trio.open_nursery() as n:
+                self.nursery = n
                 await n.start(self.store.run)
                 n.start_soon(self.monitor.run)
                 if self.control is not None:

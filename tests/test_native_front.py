@@ -10,6 +10,8 @@ import trio
 from ckptfs import daemon
 from ckptfs.errors import FsError, UsageError
 from ckptfs.fuse.native import TrioHandler
+from ckptfs.fuse.native_ops import Blocked
+from ckptfs.tasks import LoopLock
 from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
 
 
@@ -31,17 +33,45 @@ class FakeOps:
     async def readlink(self, req):
         raise KeyError("a bug")
 
+    def lookup(self, req):  # synchronous: in the worker under the loop lock, if there is one
+        self.thread = threading.get_ident()
+        if req.unique == 9:
+            raise Blocked(self.lookup_wait, req, "waited")
+        return "entry"
 
-def _serve(fn):
+    async def lookup_wait(self, req, what):
+        self.thread = threading.get_ident()
+        await trio.sleep(0)
+        return what
+
+
+def _serve(fn, *, loop: bool = False):
     """Run fn(handler, trio thread id) in a worker thread while trio runs; its result."""
     out = {}
 
     async def main():
-        handler = TrioHandler(FakeOps(), trio.lowlevel.current_trio_token())
+        lock = None
+        if loop:
+            lock = LoopLock()
+            lock.install()
+        handler = TrioHandler(FakeOps(), trio.lowlevel.current_trio_token(), lock)
         out["result"] = await trio.to_thread.run_sync(fn, handler, threading.get_ident())
+        if lock is not None:
+            lock.uninstall()
 
     trio.run(main)
     return out["result"]
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_synchronous_operations_run_in_the_worker_under_the_loop_lock_else_on_trio(loop):
+    def fn(h, trio_thread):
+        assert h.lookup(Getattr(_header(1), 0, 0)) == "entry"
+        assert h.ops.thread == (threading.get_ident() if loop else trio_thread)
+        assert h.lookup(Getattr(_header(9), 0, 0)) == "waited"  # Blocked: the rest on the trio thread
+        assert h.ops.thread == trio_thread
+        return True
+    assert _serve(fn, loop=loop)
 
 
 def test_requests_run_on_the_trio_thread_and_missing_ones_are_enosys():
@@ -85,13 +115,16 @@ class Refused:
 def _refusing_daemon(monkeypatch):
     monkeypatch.setattr(daemon, "NativeEngine", Refused)
     cfg = SimpleNamespace(mountpoint="/nowhere", threads=None)
-    return daemon._Daemon(cfg, SimpleNamespace(afs=None), control=None, metrics=None)
+    store = SimpleNamespace(loop=LoopLock())
+    return daemon._Daemon(cfg, SimpleNamespace(afs=None, store=store), control=None, metrics=None)
 
 
 def test_a_native_engine_that_cannot_start_falls_back_in_one_log_line(monkeypatch, caplog):
     d = _refusing_daemon(monkeypatch)
+    loop = d.mount.store.loop
     with caplog.at_level(logging.INFO, logger="ckptfs.daemon"):
         assert trio.run(d._start_native) is None
+    assert not loop.installed and loop.lock.acquire(blocking=False)  # given back with the fallback
     lines = [r for r in caplog.records if r.getMessage() == "engine.fallback"]
     assert len(lines) == 1 and "Permission denied" in lines[0].fields["error"]
 
@@ -102,3 +135,4 @@ def test_without_pyfuse3_a_native_engine_that_cannot_start_fails_with_its_cause(
     with pytest.raises(UsageError, match=r"native FUSE engine cannot start \(PermissionError.*Permission denied.*"
                                          r"pyfuse3 fallback is not installed"):
         trio.run(d._start_native)
+    assert not d.mount.store.loop.installed

@@ -9,8 +9,13 @@ A slot is the unit of absorb, drain and eviction. The arena only counts: it
 hands out free slot numbers and takes them back. Who waits for room, and
 when a full arena means ENOSPC or backpressure, is decided above it.
 
-INVARIANT: every slot number is either in `_free` or owned by exactly one
-chunk of one file; `used + free == nslots`.
+A slot may also be lent (`lend_nowait`) to a FUSE worker as the buffer its
+next request is read into: the kernel copies a WRITE's payload straight into
+it, and a WRITE of exactly one chunk then keeps it as that chunk's memory
+(`adopt`). Lent slots count as used, so memory stays within the budget.
+
+INVARIANT: every slot number is either in `_free`, lent, or owned by exactly
+one chunk (in a file, or pinned by a commit or a reply); `used + free == nslots`.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ class Arena:
         self._free: list[int] = list(range(nslots - 1, -1, -1))
         self._allocations = 0
         self._full_events = 0
+        self._lent: set[int] = set()
 
     @property
     def capacity(self) -> int:
@@ -75,6 +81,28 @@ class Arena:
     def free(self, slot: int) -> None:
         self._free.append(slot)
 
+    @property
+    def lent_slots(self) -> int:
+        return len(self._lent)
+
+    def lend_nowait(self) -> int:
+        """A free slot lent as a receive buffer (counted as used); raises NoSpace when none is free."""
+        slot = self.alloc_nowait()
+        self._lent.add(slot)
+        return slot
+
+    def is_lent(self, slot: int) -> bool:
+        return slot in self._lent
+
+    def adopt(self, slot: int) -> None:
+        """A lent slot becomes a chunk's memory."""
+        self._lent.remove(slot)
+
+    def unlend(self, slot: int) -> None:
+        """A lent slot comes back unused."""
+        self._lent.remove(slot)
+        self.free(slot)
+
     def view(self, slot: int) -> memoryview:
         """The slot's bytes, writable, `chunk_size` long, 4 KiB-aligned."""
         start = slot * self.chunk_size
@@ -87,6 +115,7 @@ class Arena:
     def check_invariants(self) -> None:
         assert len(set(self._free)) == len(self._free), "slot freed twice"
         assert all(0 <= s < self.nslots for s in self._free), "foreign slot in free list"
+        assert not self._lent.intersection(self._free), "lent slot in free list"
 
     def close(self) -> None:
         self._view.release()

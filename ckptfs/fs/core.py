@@ -322,12 +322,20 @@ class Filesystem:
         inode = self.handle(fh).inode
         return inode.data.read(off, size, inode.size)
 
-    def write(self, fh: int, off: int, buf, kill_setid: bool | None = None) -> int:
+    def read_pinned(self, fh: int, off: int, size: int):
+        """As `read`, as views of the slots pinned until `owner.read_done` (filemap.Pinned)."""
+        inode = self.handle(fh).inode
+        return inode.data.read_pinned(off, size, inode.size)
+
+    def write(self, fh: int, off: int, buf, kill_setid: bool | None = None, slot: int | None = None) -> int:
         """Write `buf` at `off` (at EOF for O_APPEND); short only when the arena filled up.
 
         Whether the write clears setid bits is decided by the caller that opened the handle,
         unless `kill_setid` says what the kernel knows of the writer itself (FUSE's
-        FUSE_WRITE_KILL_SUIDGID: True, the writer lacks CAP_FSETID; False, it holds it)."""
+        FUSE_WRITE_KILL_SUIDGID: True, the writer lacks CAP_FSETID; False, it holds it).
+
+        `slot`: `buf` lies at the start of this lent arena slot; a write of one whole chunk at a
+        chunk boundary then adopts it instead of copying (the caller sees it is no longer lent)."""
         h = self.handle(fh)
         if not h.writable:
             raise fs_error(errno.EBADF)
@@ -339,7 +347,11 @@ class Filesystem:
             self._drop_setid(inode, who)
         if h.append:
             off = inode.size
-        n = inode.data.write(off, buf)
+        cs = self.arena.chunk_size
+        if slot is not None and off % cs == 0 and len(buf) == cs:
+            n = inode.data.adopt(off // cs, slot)
+        else:
+            n = inode.data.write(off, buf)
         if off + n > inode.size:
             inode.size = off + n
         inode.version += 1
@@ -385,6 +397,8 @@ class Filesystem:
     def check_invariants(self) -> None:
         self.ns.check_invariants()
         self.arena.check_invariants()
-        owned = [c.slot for i in self.ns.inodes.values() if i.data is not None for c in i.data.chunks.values()]
+        owned = [c.slot for i in self.ns.inodes.values() if i.data is not None for c in i.data.chunks.values()
+                 if c.slot is not None]
         assert len(owned) == len(set(owned)), "slot owned by two chunks"
-        assert len(owned) + self.arena.free_slots == self.arena.nslots, "leaked arena slots"
+        assert len(owned) + self.arena.free_slots + self.arena.lent_slots == self.arena.nslots, \
+            "leaked arena slots"

@@ -20,6 +20,15 @@ today, a native engine later) is a thin 1:1 translation of requests:
   never stored: EPERM to set or remove, not listed where the callback says
   None).
 
+Every operation that never waits also has a synchronous twin, `x_nowait`
+(trio's convention), for a front end that serves requests in its own threads
+under the trio thread's lock (fuse/native.py): those that may wait raise
+NeedsFetch / NoSpace from their twin instead, and the front end then awaits
+the coroutine on the trio thread. `read_nowait` answers with views of the
+arena slots pinned until `read_done`; `write_nowait` takes the lent slot the
+request was read into (`lend_slot`) so a whole-chunk write is adopted, not
+copied.
+
 Errors leave as `FsError` (errors.py decides every errno); the front end
 converts them. `Backend` is a plain object of callables so that tests and a
 memory-only mount can supply their own.
@@ -32,7 +41,7 @@ from typing import Awaitable, Callable, Iterator
 from ..errors import DevicesFull, NoAttribute, NoSpace, NotInMemory, ReadOnlyAttribute
 from .core import Filesystem, FsStat, OpenResult
 from .creds import Caller
-from .filemap import NeedsFetch
+from .filemap import NeedsFetch, Pinned
 from .namespace import Inode
 from .remote import NeedsRestore
 
@@ -82,45 +91,82 @@ class AsyncFilesystem:
         return self.fs.blocks(inode)
 
     # ---- names -----------------------------------------------------------
-    async def lookup(self, parent: int, name: bytes) -> Inode:
+    def lookup_nowait(self, parent: int, name: bytes) -> Inode:
         return self.fs.lookup(parent, name)
 
-    async def getattr(self, ino: int) -> Inode:
+    async def lookup(self, parent: int, name: bytes) -> Inode:
+        return self.lookup_nowait(parent, name)
+
+    def getattr_nowait(self, ino: int) -> Inode:
         return self.fs.getattr(ino)
+
+    async def getattr(self, ino: int) -> Inode:
+        return self.getattr_nowait(ino)
+
+    def setattr_nowait(self, ino: int, caller: Caller | None = None, **kw) -> Inode:
+        """Raises NeedsFetch when a truncate must load a chunk first (then call `setattr`)."""
+        return self.fs.setattr(ino, caller=caller, **kw)
 
     async def setattr(self, ino: int, caller: Caller | None = None, **kw) -> Inode:
         return await self._fetching(self.fs.setattr, ino, caller=caller, **kw)
 
-    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
+    def mknod_nowait(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
         return self.fs.mknod(parent, name, mode, rdev, uid, gid)
 
-    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Inode:
+        return self.mknod_nowait(parent, name, mode, rdev, uid, gid)
+
+    def mkdir_nowait(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
         return self.fs.mkdir(parent, name, mode, uid, gid)
 
-    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        return self.mkdir_nowait(parent, name, mode, uid, gid)
+
+    def symlink_nowait(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
         return self.fs.symlink(parent, name, target, uid, gid)
 
-    async def readlink(self, ino: int) -> bytes:
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+        return self.symlink_nowait(parent, name, target, uid, gid)
+
+    def readlink_nowait(self, ino: int) -> bytes:
         return self.fs.readlink(ino)
 
-    async def link(self, ino: int, parent: int, name: bytes) -> Inode:
+    async def readlink(self, ino: int) -> bytes:
+        return self.readlink_nowait(ino)
+
+    def link_nowait(self, ino: int, parent: int, name: bytes) -> Inode:
         return self.fs.link(ino, parent, name)
 
-    async def unlink(self, parent: int, name: bytes) -> None:
+    async def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        return self.link_nowait(ino, parent, name)
+
+    def unlink_nowait(self, parent: int, name: bytes) -> None:
         self.fs.unlink(parent, name)
 
-    async def rmdir(self, parent: int, name: bytes) -> None:
+    async def unlink(self, parent: int, name: bytes) -> None:
+        self.unlink_nowait(parent, name)
+
+    def rmdir_nowait(self, parent: int, name: bytes) -> None:
         self.fs.rmdir(parent, name)
 
-    async def rename(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int = 0) -> None:
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        self.rmdir_nowait(parent, name)
+
+    def rename_nowait(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int = 0) -> None:
         self.fs.rename(p_old, n_old, p_new, n_new, flags)
+
+    async def rename(self, p_old: int, n_old: bytes, p_new: int, n_new: bytes, flags: int = 0) -> None:
+        self.rename_nowait(p_old, n_old, p_new, n_new, flags)
 
     def forget(self, ino: int, n: int) -> None:
         self.fs.forget(ino, n)
 
     # ---- directories -----------------------------------------------------
-    async def opendir(self, ino: int) -> int:
+    def opendir_nowait(self, ino: int) -> int:
         return self.fs.opendir(ino)
+
+    async def opendir(self, ino: int) -> int:
+        return self.opendir_nowait(ino)
 
     def readdir(self, fh: int, after: int) -> Iterator[tuple[bytes, Inode, int]]:
         """(name, inode, cookie) after `after`; call `entry_sent` for each one the reply holds."""
@@ -142,15 +188,42 @@ class AsyncFilesystem:
             await self.backend.sync(ino)
 
     # ---- files -----------------------------------------------------------
-    async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
+    def open_nowait(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
         return self.fs.open(ino, flags, caller)
+
+    async def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
+        return self.open_nowait(ino, flags, caller)
+
+    def create_nowait(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
+                      caller: Caller | None = None) -> tuple[OpenResult, Inode]:
+        return self.fs.create(parent, name, mode, flags, uid, gid, caller)
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
                      caller: Caller | None = None) -> tuple[OpenResult, Inode]:
-        return self.fs.create(parent, name, mode, flags, uid, gid, caller)
+        return self.create_nowait(parent, name, mode, flags, uid, gid, caller)
 
     async def read(self, fh: int, off: int, size: int):
         return await self._fetching(self.fs.read, fh, off, size)
+
+    def read_nowait(self, fh: int, off: int, size: int) -> Pinned:
+        """The bytes as views of arena slots, pinned until `read_done`; raises NeedsFetch when
+        some are only on a device (then call `read_pinned`)."""
+        return self.fs.read_pinned(fh, off, size)
+
+    async def read_pinned(self, fh: int, off: int, size: int) -> Pinned:
+        return await self._fetching(self.fs.read_pinned, fh, off, size)
+
+    def read_done(self, pinned: Pinned) -> None:
+        """The reply showing `pinned` was written: its slots may change again."""
+        self.fs.owner.read_done(pinned.chunks)
+
+    def write_nowait(self, fh: int, off: int, buf, kill_setid: bool | None = None, slot: int | None = None) -> int:
+        """What can be written of `buf` without waiting (short when memory filled up or data must
+        be fetched; raises NoSpace / NeedsFetch when nothing could be): then call `write` for the
+        rest. `slot`: `buf` lies in this lent arena slot (core.write may adopt it)."""
+        n = self.fs.write(fh, off, buf, kill_setid, slot)
+        self.backend.absorbed(n)
+        return n
 
     async def write(self, fh: int, off: int, buf, kill_setid: bool | None = None) -> int:
         """All of `buf` at `off`, waiting for memory as needed; short only if room never comes.
@@ -177,17 +250,31 @@ class AsyncFilesystem:
         finally:
             self.backend.absorbed(done)
 
-    async def flush(self, fh: int) -> None:
+    def lend_slot(self, keep_free: int) -> int | None:
+        """A free arena slot lent as a FUSE receive buffer, None when `keep_free` or fewer are free."""
+        arena = self.fs.arena
+        return arena.lend_nowait() if arena.free_slots > keep_free else None
+
+    def unlend_slot(self, slot: int) -> None:
+        self.fs.arena.unlend(slot)
+
+    def flush_nowait(self, fh: int) -> None:
         self.fs.flush(fh)
+
+    async def flush(self, fh: int) -> None:
+        self.flush_nowait(fh)
 
     async def fsync(self, fh: int) -> None:
         await self.sync(self.fs.handle(fh).inode.ino)
 
-    async def release(self, fh: int) -> None:
+    def release_nowait(self, fh: int) -> None:
         self.fs.release(fh)
 
+    async def release(self, fh: int) -> None:
+        self.release_nowait(fh)
+
     # ---- extended attributes ---------------------------------------------
-    async def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr_nowait(self, ino: int, name: bytes) -> bytes:
         if name.startswith(VIRTUAL_PREFIX):
             fn = self.backend.virtual_xattrs.get(name)
             value = fn(ino) if fn is not None else None
@@ -196,20 +283,35 @@ class AsyncFilesystem:
             return value
         return self.fs.getxattr(ino, name)
 
-    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        return self.getxattr_nowait(ino, name)
+
+    def setxattr_nowait(self, ino: int, name: bytes, value: bytes) -> None:
         if name.startswith(VIRTUAL_PREFIX):
             raise ReadOnlyAttribute("ckptfs's own attributes are read-only")
         self.fs.setxattr(ino, name, value)
 
-    async def listxattr(self, ino: int) -> list[bytes]:
+    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self.setxattr_nowait(ino, name, value)
+
+    def listxattr_nowait(self, ino: int) -> list[bytes]:
         virtual = [name for name, fn in self.backend.virtual_xattrs.items() if fn(ino) is not None]
         return self.fs.listxattr(ino) + virtual
 
-    async def removexattr(self, ino: int, name: bytes) -> None:
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return self.listxattr_nowait(ino)
+
+    def removexattr_nowait(self, ino: int, name: bytes) -> None:
         if name.startswith(VIRTUAL_PREFIX):
             raise ReadOnlyAttribute("ckptfs's own attributes are read-only")
         self.fs.removexattr(ino, name)
 
+    async def removexattr(self, ino: int, name: bytes) -> None:
+        self.removexattr_nowait(ino, name)
+
     # ---- filesystem --------------------------------------------------------
-    async def statfs(self) -> FsStat:
+    def statfs_nowait(self) -> FsStat:
         return self.fs.statfs()
+
+    async def statfs(self) -> FsStat:
+        return self.statfs_nowait()

@@ -10,6 +10,9 @@ its bytes in an arena slot, on a device extent, or both:
     gen      bumped by every change; `extent` is a copy of generation `extent_gen`
     pins     pending journal records that captured this chunk; a pinned chunk is
              frozen, and a write to it copies it first (copy-on-write in memory)
+    readers  READ replies being written from views of its slot (`read_pinned`): the
+             chunk is frozen as for pins, and its slot is neither freed nor evicted
+             until `read_done`
     absorbed bytes written into it since its last drain (the owner moves them to its
              drained or skipped counters: absorbed = drained + skipped + in memory)
 
@@ -23,6 +26,11 @@ raise `NeedsFetch(chunks)` and the caller loads them and retries. A file
 being restored from an object store carries a gate (`remote`, fs/remote.py)
 that raises `NeedsRestore` (a NeedsFetch) for chunks not fetched yet; the
 restorer writes them in with `fill`, which passes the gate.
+
+Zero copy: a write of exactly one whole chunk whose bytes already lie in a
+slot lent by the arena (the FUSE worker read the request into it) adopts
+that slot instead of copying (`adopt`); `read_pinned` returns views of the
+slots, pinned by `readers` until the reply is out.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ BLOCK = 4096  # st_blocks counts whole blocks of this size, as ext4 does
 
 class Chunk:
     __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "ino",
-                 "idx", "absorbed")
+                 "idx", "absorbed", "readers")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -51,6 +59,7 @@ class Chunk:
         self.ino = ino
         self.idx = idx
         self.absorbed = 0  # bytes written since the last drain (accounting only)
+        self.readers = 0  # replies in flight showing its slot
 
     @property
     def drained(self) -> bool:
@@ -78,6 +87,23 @@ class ChunkOwner(Protocol):
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
     def read_ahead(self, data: "FileData", idx: int) -> None: ...
+    def adopt_slot(self, slot: int) -> None: ...  # a lent slot becomes a chunk's
+    def read_done(self, chunks: list[Chunk]) -> None: ...  # the replies pinning them are out
+
+
+class Pinned(list):
+    """The pieces of a read (views of slots, or zeros), with the chunks they pin; `release()` once
+    the reply is written (`on_release` is set by whoever took the read)."""
+
+    def __init__(self, parts=(), chunks=()):
+        super().__init__(parts)
+        self.chunks = list(chunks)
+        self.on_release = None
+
+    def release(self) -> None:
+        fn, self.on_release = self.on_release, None
+        if fn is not None:
+            fn(self)
 
 
 class MemoryOwner:
@@ -104,9 +130,19 @@ class MemoryOwner:
 
     def chunk_dropped(self, chunk: Chunk) -> None:
         chunk.live = False
-        if chunk.pins == 0 and chunk.slot is not None:
+        if chunk.pins == 0 and not chunk.readers and chunk.slot is not None:
             self.arena.free(chunk.slot)
             chunk.slot = None
+
+    def adopt_slot(self, slot: int) -> None:
+        self.arena.adopt(slot)
+
+    def read_done(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            chunk.readers -= 1
+            if not (chunk.readers or chunk.live or chunk.pins) and chunk.slot is not None:
+                self.arena.free(chunk.slot)
+                chunk.slot = None
 
 
 class FileData:
@@ -147,11 +183,13 @@ class FileData:
             return chunk
         if chunk.slot is None and not whole:
             raise NeedsFetch([chunk])
-        if chunk.pins or chunk.slot is None:
+        if chunk.pins or chunk.readers or chunk.slot is None:
             fresh = Chunk(self.owner.alloc_slot(), self.ino, idx)
             if chunk.slot is not None and chunk.hwm:
                 self.owner.view(fresh.slot)[:chunk.hwm] = self.owner.view(chunk.slot)[:chunk.hwm]
                 fresh.hwm = chunk.hwm
+            if not chunk.pins:  # only a reply held it: its bytes move on with the copy
+                fresh.absorbed, chunk.absorbed = chunk.absorbed, 0
             self.chunks[idx] = fresh
             self.owner.chunk_dropped(chunk)
             return fresh
@@ -187,6 +225,21 @@ class FileData:
             done += n
         return done
 
+    def adopt(self, idx: int, slot: int) -> int:
+        """Chunk `idx` becomes the whole of lent `slot` (which holds its new bytes); the chunk size."""
+        old = self.chunks.get(idx)
+        if old is None or old.drained:
+            self.owner.reserve()  # new device space will be needed: refuse when there is none
+        self.owner.adopt_slot(slot)
+        chunk = Chunk(slot, self.ino, idx)
+        chunk.hwm = chunk.absorbed = self._cs
+        chunk.gen = 1
+        self.chunks[idx] = chunk
+        if old is not None:
+            self.owner.chunk_dropped(old)  # its bytes are overwritten: never drained (skipped)
+        self.owner.chunk_changed(chunk)
+        return self._cs
+
     def missing(self, off: int, size: int, file_size: int) -> list[Chunk]:
         """Chunks in the range whose bytes are only on a device."""
         size = max(0, min(size, file_size - off))
@@ -199,13 +252,24 @@ class FileData:
 
     def read(self, off: int, size: int, file_size: int):
         """Up to `size` bytes at `off`, clipped to `file_size`: a memoryview when one piece suffices."""
+        parts = self._read(off, size, file_size, pin=False)
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    def read_pinned(self, off: int, size: int, file_size: int) -> Pinned:
+        """As `read`, but the pieces as they are (views of slots, no copy), their chunks pinned
+        until the owner's `read_done(pinned.chunks)`."""
+        return self._read(off, size, file_size, pin=True)
+
+    def _read(self, off: int, size: int, file_size: int, pin: bool) -> Pinned:
         size = max(0, min(size, file_size - off))
         if self.remote is not None:
             self.remote.check_read(off, size)
         missing = self.missing(off, size, file_size)
         if missing:
             raise NeedsFetch(missing)
-        parts = []
+        parts = Pinned()
         for idx, inner, n in self._pieces(off, size):
             chunk = self.chunks.get(idx)
             if chunk is None or inner >= chunk.hwm:
@@ -213,15 +277,16 @@ class FileData:
                 continue
             have = min(n, chunk.hwm - inner)
             parts.append(self.owner.view(chunk.slot)[inner:inner + have])
+            if pin:
+                chunk.readers += 1
+                parts.chunks.append(chunk)
             if have < n:
                 parts.append(self._zeros[:n - have])
         if size:
             self.owner.read_ahead(self, (off + size - 1) // self._cs)
             if self.remote is not None:
                 self.remote.read_ahead((off + size - 1) // self._cs)
-        if len(parts) == 1:
-            return parts[0]
-        return b"".join(parts)
+        return parts
 
     def truncate(self, new_size: int) -> None:
         """Drop everything at or beyond `new_size` (extending needs nothing: holes read as zeros).
@@ -240,7 +305,7 @@ class FileData:
         if chunk is not None and chunk.hwm > inner:
             if chunk.slot is None:
                 raise NeedsFetch([chunk])
-            if chunk.pins:
+            if chunk.pins or chunk.readers:
                 chunk = self._writable_chunk(keep_idx, whole=False)
             chunk.hwm = inner
             chunk.gen += 1

@@ -1,18 +1,41 @@
-"""The native front end: a kernel session (fuse/kernel/) whose requests run on the trio thread.
+"""The native front end: a kernel session (fuse/kernel/) serving ckptfs from its worker threads.
 
-Threads. The session's N worker threads read requests from /dev/fuse
-(readv into each worker's own header and payload buffers), parse them, and
-write the replies (writev): those parts run in parallel. The core, the store
-and the facade are not thread-safe and live in the daemon's trio loop, so
-`TrioHandler` carries every request there: the worker calls
-``trio.from_thread.run(op, req, trio_token=token)`` and blocks until the
-operation (native_ops.Operations) has run on the trio thread, then sends its
-reply. A WRITE's payload stays in the worker's buffer until then; the core's
-write copies it into the arena, as with pyfuse3. So the filesystem itself is
-serialized, one request at a time on the trio thread, exactly as with
-pyfuse3; what runs in parallel is the kernel's copies, the system calls and
-the parsing. Writing payloads straight into arena slots without a lock
-(`Session(write_buffer=...)`) is the next step (docs/ENGINE.md).
+Threads. The session's N worker threads read requests from /dev/fuse, parse
+them, and write the replies (os.readv / os.writev, GIL released): those parts
+run in parallel. The core, the store and the namespace are not thread-safe
+and belong to the daemon's trio thread; they share one lock with it,
+`tasks.LoopLock`: the trio thread holds it whenever it runs and lets go only
+while it sleeps in its I/O wait. `TrioHandler` serves a request that needs
+no wait right in the worker thread, holding that lock: the synchronous
+method of native_ops.Operations (lookup, getattr, setattr, create, open,
+release, write into memory, read of data in memory, readdir, xattrs,
+statfs...). So the core sees one request at a time, exactly as when every
+request ran on the trio thread, and its invariants hold by construction; only
+the hop to the trio thread and back is gone. A request that must wait
+(memory full, data only on a device) raises `Blocked`; the worker lets go of
+the lock and awaits the continuation on the trio thread
+(``trio.from_thread.run``, never while holding the lock), as every request
+did before. FSYNC, FSYNCDIR and SYNCFS always go there. What the fast path
+does that would wake trio tasks (the drain's queues, the committer, waiters)
+the store routes through `LoopLock.soon` (run_sync_soon).
+
+Order. Workers read requests in the kernel's order but could reach the core
+in another; each request takes its turn (`session.order`, kernel/order.py)
+before the lock, and says done when it leaves the lock or hops to the trio
+thread, so the core applies requests in the kernel's order, as a single
+reader would (a RELEASE, which the kernel sends after close() returned, is
+never overtaken by the same file's next OPEN or RENAME: ckptfs commits a
+file at its RELEASE).
+
+Zero copy. `write_buffer` (the session's hook, before each read) hands each
+worker a free arena slot, lent (`AsyncFilesystem.lend_slot`, counted as used
+memory, and only while more than `keep_free` slots are free); the kernel
+copies a WRITE's payload straight into it, and a WRITE of one whole chunk at
+a chunk boundary adopts it as that chunk's memory: the kernel's copy is the
+only one, and the worker gets a fresh slot next time. Other writes copy from
+it under the lock. A READ's reply is made of views of the arena slots,
+pinned (`Chunk.readers`: not freed, evicted or written in place) until the
+reply is written, then released under the lock.
 
 Interrupts: a request the kernel interrupts while it waits for durability
 (FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR;
@@ -25,15 +48,18 @@ them in a thread), waits for it to end (unmounted), and unmounts.
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import os
+import threading
 
 import trio
 
 from ..errors import FsError, errno_of
 from ..fs.facade import AsyncFilesystem
 from .kernel.session import Session, default_threads
-from .native_ops import WANT, Operations
+from ..tasks import LoopLock
+from .native_ops import WANT, Blocked, Operations
 
 log = logging.getLogger("ckptfs.fuse.native")
 
@@ -42,13 +68,22 @@ INTERRUPTIBLE = frozenset({"fsync", "fsyncdir", "syncfs"})
 
 
 class TrioHandler:
-    """The session's handler: each method runs the same-named coroutine of `ops` on the trio thread."""
+    """The session's handler: each method runs the same-named operation of `ops`.
 
-    def __init__(self, ops: Operations, token):
+    A synchronous operation runs in the worker thread under `loop` (when one is given,
+    installed on the trio thread); a coroutine, or the continuation of a `Blocked` one, on
+    the trio thread of `token`."""
+
+    def __init__(self, ops, token, loop: LoopLock | None = None, *, keep_free: int = 0):
         self.ops = ops
         self.token = token
+        self.loop = loop
+        self.keep_free = keep_free  # arena slots never lent as receive buffers
         self.session: Session | None = None
         self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
+        self._local = threading.local()  # .slot: the arena slot lent to this worker, or None
+        self._lent: set[int] = set()  # every slot lent to a worker (returned by close())
+        self.adopted = 0  # WRITEs whose lent slot became a chunk's memory (no copy)
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -56,21 +91,119 @@ class TrioHandler:
             raise AttributeError(name)
         op = getattr(self.ops, name)
         if name in INTERRUPTIBLE:
-            return lambda req: trio.from_thread.run(self._interruptible, op, req, trio_token=self.token)
-        return lambda req: trio.from_thread.run(self._run, op, req, trio_token=self.token)
+            return lambda req: self._ordered(self._interruptible, op, req)
+        if inspect.iscoroutinefunction(op) or self.loop is None:
+            return lambda req: self._ordered(self._run, op, req)
+        return lambda req: self._serve(op, req)
 
     def syncfs(self, req) -> None:
         log.info("syncfs", extra={"fields": {"pid": req.header.pid}})
-        return trio.from_thread.run(self._interruptible, self.ops.syncfs, req, trio_token=self.token)
+        return self._ordered(self._interruptible, self.ops.syncfs, req)
 
     def interrupt(self, target: int) -> None:
         trio.from_thread.run_sync(self._cancel, target, trio_token=self.token)
 
+    # ---- in the worker thread -------------------------------------------------------------
+    def _serve(self, op, req, *args, after=None):
+        """op(req, *args) under the loop lock, in the kernel's order (then `after()`, still under
+        it); its continuation on the trio thread if it must wait."""
+        try:
+            self._turn(req)
+            try:
+                with self.loop:
+                    try:
+                        return op(req, *args)
+                    finally:
+                        if after is not None:
+                            after()
+            finally:
+                self._done(req)  # the next request may go while this one replies, or waits
+        except Blocked as b:
+            return self._on_trio(b.afn, *b.args)
+        except FsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3
+            raise FsError(errno=errno_of(exc, req.method)) from None
+
+    def _turn(self, req) -> None:
+        if self.session is not None:
+            self.session.order.turn(req.unique)
+
+    def _done(self, req) -> None:
+        if self.session is not None:
+            self.session.order.done(req.unique)
+
+    def _ordered(self, afn, op, req):
+        """op's coroutine on the trio thread, started after every earlier request had its turn."""
+        self._turn(req)
+        self._done(req)
+        return trio.from_thread.run(afn, op, req, trio_token=self.token)
+
+    def _on_trio(self, op, req, *args):
+        return trio.from_thread.run(self._run, op, req, *args, trio_token=self.token)
+
+    def write(self, req):
+        if self.loop is None:
+            return self._ordered(self._run, self.ops.write, req)
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            return self._serve(self.ops.write, req)
+
+        def adopted() -> None:  # under the lock: once adopted, the slot may be freed and lent again
+            if not self.ops.afs.fs.arena.is_lent(slot):
+                self._local.slot = None
+                self._lent.discard(slot)
+                self.adopted += 1
+        return self._serve(self.ops.write, req, slot, after=adopted)
+
+    def read(self, req):
+        pinned = self._ordered(self._run, self.ops.read, req) if self.loop is None else self._serve(self.ops.read, req)
+        pinned.on_release = self._read_done
+        return pinned
+
+    def _read_done(self, pinned) -> None:
+        if self.loop is None:
+            trio.from_thread.run_sync(self.ops.afs.read_done, pinned, trio_token=self.token)
+            return
+        with self.loop:
+            self.ops.afs.read_done(pinned)
+
+    def write_buffer(self, index: int):
+        """The session's hook: the buffer this worker reads its next request into (a lent
+        arena slot, None: the worker's own)."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            afs = self.ops.afs
+            arena = afs.fs.arena
+            if (self.loop is None or self.session is None or arena.chunk_size < self.session.payload_size
+                    or arena.free_slots <= self.keep_free):
+                return None
+            with self.loop:
+                slot = afs.lend_slot(self.keep_free)
+            if slot is None:
+                return None
+            self._local.slot = slot
+            self._lent.add(slot)
+        return self.ops.afs.fs.arena.view(slot)
+
+    def close(self) -> None:
+        """Every worker has exited: give their lent slots back (on the trio thread, or under the lock)."""
+        for slot in list(self._lent):
+            self.ops.afs.unlend_slot(slot)
+        self._lent.clear()
+
     # ---- on the trio thread ----------------------------------------------------------------
     @staticmethod
-    async def _run(op, req):
+    async def _run(op, req, *args):
+        """op(req, *args) on the trio thread: a coroutine, or a synchronous operation (then its
+        continuation if it is `Blocked`)."""
         try:
-            return await op(req)
+            if inspect.iscoroutinefunction(op):
+                return await op(req, *args)
+            try:
+                return op(req, *args)
+            except Blocked as b:
+                return await b.afn(*b.args)
         except FsError:
             raise
         except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3
@@ -94,14 +227,22 @@ class TrioHandler:
 
 
 class NativeEngine:
-    """Mount `afs` at `mountpoint` through the kernel session, served on the trio thread of `token`."""
+    """Mount `afs` at `mountpoint` through the kernel session, served by its worker threads under
+    `loop` (installed on the trio thread of `token` before `start`), or, without a loop, every
+    request on the trio thread."""
 
-    def __init__(self, afs: AsyncFilesystem, mountpoint: str, token, *, threads: int | None = None):
-        self.handler = TrioHandler(Operations(afs), token)
+    def __init__(self, afs: AsyncFilesystem, mountpoint: str, token, *, threads: int | None = None,
+                 loop: LoopLock | None = None):
+        threads = threads or default_threads()
+        arena = afs.fs.arena
+        self.loop = loop
+        self.handler = TrioHandler(Operations(afs), token, loop, keep_free=max(2 * threads, arena.nslots // 8))
         root = os.geteuid() == 0
-        self.session = Session(self.handler, mountpoint, threads=threads or default_threads(),
-                               allow_other=root, default_permissions=True, want=WANT,
-                               max_write=afs.fs.arena.chunk_size)
+        # as root, one page more than a chunk (max_pages): unaligned writers' requests stay whole
+        # chunks on the chunk grid, so they are adopted too (docs/ENGINE.md)
+        self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
+                               default_permissions=True, want=WANT, max_write=arena.chunk_size,
+                               raise_max_pages=root, write_buffer=self.handler.write_buffer)
         self.handler.session = self.session
 
     def start(self) -> None:
@@ -120,8 +261,12 @@ class NativeEngine:
                                                     "max_pages": neg.max_pages, "minor": neg.minor}})
 
     def wait(self) -> None:
-        """Block until every worker has exited: the kernel unmounted or aborted the connection."""
+        """Block until every worker has exited: the kernel unmounted or aborted the connection;
+        then give back the slots lent to them."""
         self.session.wait()
+        if self.loop is not None:
+            with self.loop:
+                self.handler.close()
 
     def unmount(self) -> None:
         """Lazily unmount (after a signal, when fusermount3 -u -z failed)."""
@@ -131,4 +276,9 @@ class NativeEngine:
         self.session.close()
 
     def statistics(self) -> dict[str, int]:
-        return self.session.statistics()
+        stats = self.session.statistics()
+        stats["adopted"] = self.handler.adopted
+        stats["order_gaps"] = self.session.order.gaps
+        if self.loop is not None:
+            stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})
+        return stats

@@ -1,14 +1,24 @@
-"""Native-engine operations: typed kernel requests -> the async facade -> typed replies.
+"""Native-engine operations: typed kernel requests -> the file-system facade -> typed replies.
 
-The twin of pyfuse3_ops.py for the engine in fuse/kernel/: one async method per
-request, each a few lines: convert the request (requests.py), await
+The twin of pyfuse3_ops.py for the engine in fuse/kernel/: one method per
+request, each a few lines: convert the request (requests.py), call
 `fs.facade.AsyncFilesystem`, convert the result into a reply (replies.py).
 Everything else (fetching evicted data, waiting for memory, fsync to durable,
 virtual xattrs, lookup counts) is the facade's, so both engines serve the
-same semantics. These methods run on the daemon's trio thread (native.py
-carries each request there from the session's worker threads), because the
-core, the store and the facade are not thread-safe; so does every read of an
-inode (attributes, st_blocks) and the packing of READDIR replies.
+same semantics.
+
+Two kinds of methods. Most are synchronous: native.py runs them in the
+session's worker thread holding the trio thread's loop lock
+(tasks.LoopLock), through the facade's `x_nowait` twins. When one finds it
+must wait (data only on a device, memory full) it raises `Blocked(afn,
+*args)` and native.py awaits ``afn(*args)`` on the trio thread instead (a
+WRITE that got partway continues from where it stopped). FSYNC, FSYNCDIR
+and SYNCFS always wait, so they are coroutines, run on the trio thread.
+
+READ answers with views of the arena slots (`filemap.Pinned`), pinned until
+the reply is written (native.py releases them). WRITE takes the arena slot
+the worker read the request into (`slot`): a whole chunk at a chunk boundary
+is adopted in place.
 
 Errors: the facade raises `FsError`; native.py turns anything else into EIO,
 logged, as pyfuse3_ops does. The GETXATTR/LISTXATTR size probe (size 0: the
@@ -30,9 +40,10 @@ import errno
 import os
 import time
 
-from ..errors import NoAttribute, fs_error
+from ..errors import NoAttribute, NoSpace, fs_error
 from ..fs.creds import Caller, caller
 from ..fs.facade import AsyncFilesystem
+from ..fs.filemap import NeedsFetch, Pinned
 from ..fs.namespace import Inode
 from .common import ATTR_TIMEOUT
 from .kernel import abi
@@ -43,8 +54,16 @@ from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, Op
 WANT = DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2
 
 
+class Blocked(Exception):
+    """The request must wait: await ``afn(req, *args)`` on the trio thread for its reply."""
+
+    def __init__(self, afn, *args):
+        super().__init__(getattr(afn, "__name__", "wait"))
+        self.afn, self.args = afn, args
+
+
 class Operations:
-    """The native session's operations, as coroutines on the trio thread (see native.TrioHandler)."""
+    """The native session's operations (see the module docstring and native.TrioHandler)."""
 
     def __init__(self, afs: AsyncFilesystem):
         self.afs = afs
@@ -75,19 +94,19 @@ class Operations:
         return caller(h.uid, h.gid, h.pid)
 
     # ---- names -------------------------------------------------------------
-    async def lookup(self, req) -> EntryOut:
-        return self._entry(await self.afs.lookup(req.nodeid, req.name))
+    def lookup(self, req) -> EntryOut:
+        return self._entry(self.afs.lookup_nowait(req.nodeid, req.name))
 
-    async def forget(self, req) -> None:
+    def forget(self, req) -> None:
         for ino, n in req.items:
             self.afs.forget(ino, n)
 
     batch_forget = forget
 
-    async def getattr(self, req) -> AttrOut:
-        return self._attr_out(await self.afs.getattr(req.nodeid))
+    def getattr(self, req) -> AttrOut:
+        return self._attr_out(self.afs.getattr_nowait(req.nodeid))
 
-    async def setattr(self, req) -> AttrOut:
+    def setattr(self, req) -> AttrOut:
         v = req.valid
         kw = {}
         if v & abi.FATTR_MODE:
@@ -103,40 +122,46 @@ class Operations:
         if v & abi.FATTR_SIZE:
             kw["size"] = req.size
             kw["caller"] = self._caller(req)
+        try:
+            return self._attr_out(self.afs.setattr_nowait(req.nodeid, **kw))
+        except NeedsFetch:
+            raise Blocked(self.setattr_wait, req, kw) from None
+
+    async def setattr_wait(self, req, kw: dict) -> AttrOut:
         return self._attr_out(await self.afs.setattr(req.nodeid, **kw))
 
-    async def mknod(self, req) -> EntryOut:
+    def mknod(self, req) -> EntryOut:
         h = req.header
-        return self._entry(await self.afs.mknod(req.nodeid, req.name, req.mode, req.rdev, h.uid, h.gid))
+        return self._entry(self.afs.mknod_nowait(req.nodeid, req.name, req.mode, req.rdev, h.uid, h.gid))
 
-    async def mkdir(self, req) -> EntryOut:
+    def mkdir(self, req) -> EntryOut:
         h = req.header
-        return self._entry(await self.afs.mkdir(req.nodeid, req.name, req.mode, h.uid, h.gid))
+        return self._entry(self.afs.mkdir_nowait(req.nodeid, req.name, req.mode, h.uid, h.gid))
 
-    async def symlink(self, req) -> EntryOut:
+    def symlink(self, req) -> EntryOut:
         h = req.header
-        return self._entry(await self.afs.symlink(req.nodeid, req.name, req.target, h.uid, h.gid))
+        return self._entry(self.afs.symlink_nowait(req.nodeid, req.name, req.target, h.uid, h.gid))
 
-    async def readlink(self, req) -> bytes:
-        return bytes(await self.afs.readlink(req.nodeid))
+    def readlink(self, req) -> bytes:
+        return bytes(self.afs.readlink_nowait(req.nodeid))
 
-    async def link(self, req) -> EntryOut:
-        return self._entry(await self.afs.link(req.oldnodeid, req.nodeid, req.name))
+    def link(self, req) -> EntryOut:
+        return self._entry(self.afs.link_nowait(req.oldnodeid, req.nodeid, req.name))
 
-    async def unlink(self, req) -> None:
-        await self.afs.unlink(req.nodeid, req.name)
+    def unlink(self, req) -> None:
+        self.afs.unlink_nowait(req.nodeid, req.name)
 
-    async def rmdir(self, req) -> None:
-        await self.afs.rmdir(req.nodeid, req.name)
+    def rmdir(self, req) -> None:
+        self.afs.rmdir_nowait(req.nodeid, req.name)
 
-    async def rename(self, req) -> None:
-        await self.afs.rename(req.nodeid, req.name, req.newdir, req.newname, req.flags)
+    def rename(self, req) -> None:
+        self.afs.rename_nowait(req.nodeid, req.name, req.newdir, req.newname, req.flags)
 
     # ---- directories ---------------------------------------------------------
-    async def opendir(self, req) -> OpenOut:
-        return OpenOut(await self.afs.opendir(req.nodeid))
+    def opendir(self, req) -> OpenOut:
+        return OpenOut(self.afs.opendir_nowait(req.nodeid))
 
-    async def readdir(self, req) -> DirentBuffer:
+    def readdir(self, req) -> DirentBuffer:
         buf = DirentBuffer(req.size, plus=req.plus)
         for name, inode, cookie in self.afs.readdir(req.fh, req.offset):
             if req.plus:
@@ -147,75 +172,93 @@ class Operations:
                 break
         return buf
 
-    async def releasedir(self, req) -> None:
+    def releasedir(self, req) -> None:
         return None
 
     async def fsyncdir(self, req) -> None:
         await self.afs.fsyncdir()
 
     # ---- files -------------------------------------------------------------
-    async def open(self, req) -> OpenOut:
-        return self._open_out(await self.afs.open(req.nodeid, req.flags, self._caller(req)))
+    def open(self, req) -> OpenOut:
+        return self._open_out(self.afs.open_nowait(req.nodeid, req.flags, self._caller(req)))
 
-    async def create(self, req) -> CreateOut:
+    def create(self, req) -> CreateOut:
         h = req.header
-        r, inode = await self.afs.create(req.nodeid, req.name, req.mode, req.flags, h.uid, h.gid,
-                                         self._caller(req))
+        r, inode = self.afs.create_nowait(req.nodeid, req.name, req.mode, req.flags, h.uid, h.gid,
+                                          self._caller(req))
         return CreateOut(self._entry(inode), self._open_out(r))
 
-    async def read(self, req) -> bytes:
-        # A copy, made here on the trio thread: a view of an arena slot could change (a write,
-        # an eviction) while the worker thread hands it to the kernel.
-        return bytes(await self.afs.read(req.fh, req.offset, req.size))
+    def read(self, req) -> Pinned:
+        try:
+            return self.afs.read_nowait(req.fh, req.offset, req.size)
+        except NeedsFetch:
+            raise Blocked(self.read_wait, req) from None
 
-    async def write(self, req) -> WriteOut:
+    async def read_wait(self, req) -> Pinned:
+        return await self.afs.read_pinned(req.fh, req.offset, req.size)
+
+    def write(self, req, slot: int | None = None) -> WriteOut:
+        """`slot`: the lent arena slot the request was read into (its data starts there)."""
+        try:
+            done = self.afs.write_nowait(req.fh, req.offset, req.data, self._kill(req), slot)
+        except (NoSpace, NeedsFetch):
+            done = 0
+        if done == len(req.data):
+            return WriteOut(done)
+        raise Blocked(self.write_rest, req, done)
+
+    async def write_rest(self, req, done: int) -> WriteOut:
+        """The rest of a WRITE after `done` bytes, waiting for memory or a fetch as needed."""
+        return WriteOut(done + await self.afs.write(req.fh, req.offset + done, req.data[done:], self._kill(req)))
+
+    @staticmethod
+    def _kill(req) -> bool | None:
         # the flag present: the writer lacks CAP_FSETID; absent: the opener decides (as with pyfuse3)
-        kill = True if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID else None
-        return WriteOut(await self.afs.write(req.fh, req.offset, req.data, kill))
+        return True if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID else None
 
-    async def flush(self, req) -> None:
-        await self.afs.flush(req.fh)
+    def flush(self, req) -> None:
+        self.afs.flush_nowait(req.fh)
 
     async def fsync(self, req) -> None:
         await self.afs.fsync(req.fh)
 
-    async def release(self, req) -> None:
-        await self.afs.release(req.fh)
+    def release(self, req) -> None:
+        self.afs.release_nowait(req.fh)
 
     # ---- extended attributes -------------------------------------------------
-    async def getxattr(self, req) -> bytes:
-        return await self.afs.getxattr(req.nodeid, req.name)
+    def getxattr(self, req) -> bytes:
+        return self.afs.getxattr_nowait(req.nodeid, req.name)
 
-    async def setxattr(self, req) -> None:
+    def setxattr(self, req) -> None:
         # XATTR_CREATE / XATTR_REPLACE checked through getxattr first, as pyfuse3 does
         if req.flags & os.XATTR_CREATE:
             try:
-                await self.afs.getxattr(req.nodeid, req.name)
+                self.afs.getxattr_nowait(req.nodeid, req.name)
             except NoAttribute:
                 pass
             else:
                 raise fs_error(errno.EEXIST)
         elif req.flags & os.XATTR_REPLACE:
-            await self.afs.getxattr(req.nodeid, req.name)
-        await self.afs.setxattr(req.nodeid, req.name, bytes(req.value))
+            self.afs.getxattr_nowait(req.nodeid, req.name)
+        self.afs.setxattr_nowait(req.nodeid, req.name, bytes(req.value))
 
-    async def listxattr(self, req) -> list[bytes]:
-        return await self.afs.listxattr(req.nodeid)
+    def listxattr(self, req) -> list[bytes]:
+        return self.afs.listxattr_nowait(req.nodeid)
 
-    async def removexattr(self, req) -> None:
-        await self.afs.removexattr(req.nodeid, req.name)
+    def removexattr(self, req) -> None:
+        self.afs.removexattr_nowait(req.nodeid, req.name)
 
     # ---- filesystem ------------------------------------------------------------
-    async def statfs(self, req) -> StatfsOut:
-        s = await self.afs.statfs()
+    def statfs(self, req) -> StatfsOut:
+        s = self.afs.statfs_nowait()
         return StatfsOut(blocks=s.blocks, bfree=s.bfree, bavail=s.bfree, files=s.files, ffree=s.ffree,
                          bsize=s.frsize, namelen=s.namemax, frsize=s.frsize)
 
-    async def access(self, req) -> None:
+    def access(self, req) -> None:
         return None  # mounted with default_permissions: the kernel checks modes itself
 
     async def syncfs(self, req) -> None:
         await self.afs.sync(None)
 
-    async def destroy(self, req) -> None:
+    def destroy(self, req) -> None:
         return None  # the daemon drains once every worker has exited

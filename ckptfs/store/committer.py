@@ -29,7 +29,7 @@ from ..errors import DeviceError, FsError, StoreFailing
 from ..format.journal import encode_frame
 from ..format.layout import Anchor
 from ..format.records import Begin, Snapend, Stamp
-from ..tasks import gather
+from ..tasks import LoopLock, gather
 from .device import BlockDevice, aligned_buffer
 from .durable import DurableState
 from .ordering import CommitLog, Pending
@@ -45,6 +45,7 @@ class CommitHost(Protocol):
     stats: list  # DeviceStats per device
     durable: DurableState
     log: CommitLog
+    loop: LoopLock  # wake-ups from other threads go through loop.soon
 
     def committed(self, batch: list[Pending]) -> None: ...  # the batch is on the devices
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
@@ -65,7 +66,7 @@ class Committer:
 
     def wake(self) -> None:
         """Records were added or became ready: look for a batch again."""
-        self.lot.unpark_all()
+        self.host.loop.soon(self.lot.unpark_all)
 
     async def run(self) -> None:
         h = self.host

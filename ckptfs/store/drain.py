@@ -5,7 +5,12 @@ chunks move. Each device has `queue_depth` worker tasks taking chunks from
 its queue. A worker takes a few queued chunks at once, gives each a data unit
 (consecutive units where it can), and writes each run of consecutive units
 with one `pwritev` in a worker thread, the checksum computed there too, so
-the trio thread (which serves FUSE) only does bookkeeping. When the write
+the trio thread only does bookkeeping (and zeroes each chunk's tail up to 4
+KiB before the write starts: a write may extend the chunk in place
+meanwhile, from the trio thread or a FUSE worker holding the loop lock).
+Wake-ups that may come from such a worker (a queued chunk, the gate, the
+ticker, read-ahead) go through the store's `loop.soon`; writes note
+themselves with `time.monotonic()` for the gate. When the write
 returns, a chunk whose generation moved on, or that was deleted meanwhile,
 gets its unit back instead (that copy is stale).
 
@@ -26,6 +31,7 @@ and reports of what happened to each chunk.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Protocol
 
@@ -36,7 +42,7 @@ from ..errors import ChecksumMismatch, DeviceError, DevicesFull, FsError, NoSpac
 from ..format.records import Extent
 from ..fs.arena import Arena
 from ..fs.filemap import Chunk
-from ..tasks import gather
+from ..tasks import LoopLock, gather
 from .allocator import Allocator
 from .device import BlockDevice, round_up
 
@@ -68,6 +74,7 @@ class DrainHost(Protocol):
     def evictable(self) -> int: ...  # slots held by chunks already on a device
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
     def wake(self) -> None: ...  # progress: waiters may look again
+    loop: LoopLock  # wake-ups from other threads go through loop.soon
 
 
 class Drainer:
@@ -81,7 +88,7 @@ class Drainer:
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
-        self.last_write = -1.0  # trio time of the last write into the arena
+        self.last_write = -1.0  # time.monotonic() of the last write into the arena (any thread writes it)
         self.work = [trio.lowlevel.ParkingLot() for _ in range(n)]
         self.tick = trio.Event()  # set when a partial batch waits for the ticker
         self.writes_started = trio.Event()
@@ -99,9 +106,12 @@ class Drainer:
         # wake a worker for a full batch (large I/Os, few thread hand-offs) or when someone
         # waits for this chunk; the ticker picks up partial batches a moment later
         if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
-            self.work[dev].unpark()
-        else:
-            self.tick.set()
+            self.host.loop.soon(self.work[dev].unpark)
+        elif not self.tick.is_set():
+            self.host.loop.soon(self._set_tick)
+
+    def _set_tick(self) -> None:
+        self.tick.set()
 
     def unqueue(self, chunk: Chunk) -> bool:
         """Take a queued chunk back (its bytes went stale); True if it was queued."""
@@ -118,12 +128,19 @@ class Drainer:
         return sum(c.hwm for q in self.ready for c in q.values())
 
     def note_write(self) -> None:
-        """The arena was written: under absorb-first the gatekeeper may close the gate."""
-        self.last_write = trio.current_time()
-        if self.gate.is_set() and self.policy == "absorb-first":
-            self.writes_started.set()
+        """The arena was written: under absorb-first the gatekeeper may close the gate (woken once
+        per burst of writes, not per write)."""
+        self.last_write = time.monotonic()
+        if self.gate.is_set() and self.policy == "absorb-first" and not self.writes_started.is_set():
+            self.host.loop.soon(self._writes_started)
+
+    def _writes_started(self) -> None:
+        self.writes_started.set()
 
     def open_gate(self) -> None:
+        self.host.loop.soon(self._open_gate)
+
+    def _open_gate(self) -> None:
         self.gate.set()
 
     def slow(self, dev: int) -> bool:
@@ -145,7 +162,7 @@ class Drainer:
     def _hold_back(self) -> bool:
         """Absorb first: hold the drain while writes stream in and nothing presses."""
         return (self.policy == "absorb-first"
-                and trio.current_time() - self.last_write < HOLD_IDLE
+                and time.monotonic() - self.last_write < HOLD_IDLE
                 and not self.host.pressing())
 
     async def _gatekeeper(self) -> None:
@@ -226,10 +243,13 @@ class Drainer:
             else:
                 runs.append([p])
         # the views are taken now, before any await, and the slots stay theirs (busy) until the
-        # writes return, even if the chunks are dropped meanwhile
+        # writes return, even if the chunks are dropped meanwhile. Each chunk's tail up to the
+        # next 4 KiB is zeroed here too, not in the device thread: a write may extend the chunk
+        # in place while its drain runs (the copy is then stale, but the new bytes must stay)
         for run in runs:
             for p in run:
                 p[0].busy = True
+                _zero_tail(h.arena.view(p[0].slot), p[4])
         try:
             await gather([(self._write_run, run, [h.arena.view(p[0].slot) for p in run]) for run in runs])
         finally:
@@ -237,7 +257,7 @@ class Drainer:
                 for p in run:
                     chunk = p[0]
                     chunk.busy = False
-                    if not (chunk.live or chunk.pins) and chunk.slot is not None:
+                    if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
                         h.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
                         chunk.slot = None
 
@@ -295,9 +315,14 @@ class Drainer:
             return
         if self.host.arena.free_slots + self.host.evictable() < 2 * READAHEAD:
             return
-        for i in range(idx + 1, idx + 1 + READAHEAD):
-            c = data.chunks.get(i)
-            if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching:
+        chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + READAHEAD))
+                  if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching]
+        if chunks:
+            self.host.loop.soon(self._prefetch, chunks)
+
+    def _prefetch(self, chunks: list[Chunk]) -> None:
+        for c in chunks:
+            if id(c) not in self.fetching:
                 self.nursery.start_soon(self._prefetch_one, c)
 
     async def _prefetch_one(self, chunk: Chunk) -> None:
@@ -359,18 +384,23 @@ def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid
     return crc32c.crc32c(view[:valid])
 
 
+def _zero_tail(view: memoryview, hwm: int) -> None:
+    """Zero a chunk's bytes from `hwm` to the next 4 KiB (they go to the device with it)."""
+    length = round_up(hwm)
+    if length > hwm:
+        view[hwm:length] = bytes(length - hwm)
+
+
 def _checksum_and_write(device: BlockDevice, views: list[memoryview], hwms: list[int], offset: int
                         ) -> list[int]:
-    """In a worker thread: zero-pad each chunk to 4 KiB, checksum its valid bytes, write them all
-    with one pwritev at `offset`; returns the crcs.
+    """In a worker thread: checksum each chunk's valid bytes, write them (zero-padded to 4 KiB
+    already) with one pwritev at `offset`; returns the crcs.
 
     If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
     """
     bufs, crcs = [], []
     for view, hwm in zip(views, hwms):
         length = round_up(hwm)
-        if length > hwm:
-            view[hwm:length] = bytes(length - hwm)
         crcs.append(crc32c.crc32c(view[:hwm]))
         bufs.append(view[:length])
     device.pwritev(bufs, offset)

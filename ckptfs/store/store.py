@@ -23,8 +23,12 @@ before their turn leave the queue, and superseded commits are voided
 memory" (`Chunk.absorbed`) until the chunk holding it is drained or dropped
 undrained (skipped), so absorbed = drained + skipped + in memory always.
 
-All bookkeeping runs in the trio thread; only device calls run in worker
-threads (one CapacityLimiter per device, its queue depth).
+All bookkeeping runs under the trio thread's `loop` lock (tasks.LoopLock): in
+the trio thread itself, or in a native FUSE worker that holds the lock for a
+request that needs no wait (fuse/native.py). So what wakes trio tasks goes
+through `loop.soon` (the store's `wake`, the committer's, the drain's queues
+and gate). Device calls run in trio's worker threads (one CapacityLimiter per
+device, its queue depth) on slots marked busy.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ from .device import BlockDevice
 from .drain import Drainer
 from .durable import DurableState
 from .ordering import CommitLog, Pending
+from ..tasks import LoopLock
 
 log = logging.getLogger("ckptfs.store")
 DEFAULT_MAX_LAG = 2.0  # seconds a closed file's commit may be deferred (docs/SEMANTICS.md)
@@ -149,6 +154,7 @@ class Store:
         self.fsync_absorb = fsync_absorb
         self.max_lag = max_lag
         self.ns: Namespace | None = None  # the live namespace, set by attach()
+        self.loop = LoopLock()  # shared with the native engine's workers (see the docstring)
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
         self.log = CommitLog(max_lag=max_lag, alive=self._alive)
@@ -181,7 +187,7 @@ class Store:
             pass
         while self.lru:
             _, chunk = self.lru.popitem(last=False)
-            if chunk.slot is not None and chunk.drained:
+            if chunk.slot is not None and chunk.drained and not chunk.readers:
                 slot, chunk.slot = chunk.slot, None
                 return slot
         # nothing clean to evict: let partial chunks drain too, then the caller waits
@@ -232,13 +238,29 @@ class Store:
         self.drainer.unqueue(chunk)  # never drain it: its bytes are stale
         self.bytes_skipped += chunk.absorbed
         chunk.absorbed = 0
-        if chunk.slot is not None and not chunk.busy:
+        if chunk.slot is not None and not chunk.busy and not chunk.readers:
             self.arena.free(chunk.slot)
             chunk.slot = None
         if chunk.extent is not None:
             self.alloc.release(chunk.extent.dev, chunk.extent.unit)
             chunk.extent = None
         self.wake()
+
+    def adopt_slot(self, slot: int) -> None:
+        self.arena.adopt(slot)
+
+    def read_done(self, chunks) -> None:
+        """Replies holding views of these chunks' slots were written: the slots may move again."""
+        for chunk in chunks:
+            chunk.readers -= 1
+            if chunk.readers or chunk.slot is None:
+                continue
+            if not (chunk.live or chunk.pins or chunk.busy):
+                self.arena.free(chunk.slot)  # dropped while a reply still showed it
+                chunk.slot = None
+                self.wake()
+            elif chunk.live and chunk.drained:
+                self.lru[id(chunk)] = chunk  # evictable again
 
     def _unpin(self, chunks) -> None:
         for chunk in chunks:
@@ -273,7 +295,7 @@ class Store:
 
     def wake(self) -> None:
         """Something moved (a drain, a commit, a free): waiters look again, the committer too."""
-        self.progress.unpark_all()
+        self.loop.soon(self.progress.unpark_all)
         self.committer.wake()
 
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None:
@@ -498,6 +520,21 @@ class Store:
                 if id(c) not in seen:
                     seen.add(id(c))
                     yield c
+
+    def check_invariants(self) -> None:
+        """Quiescent checks (no drain, fetch or reply in flight): every arena slot is free, lent, or
+        held by exactly one chunk (of a file, or of a pending record); the byte accounting adds up."""
+        self.arena.check_invariants()
+        self.alloc.check_invariants()
+        self.log.check_invariants()
+        chunks = list(self._chunks())
+        held = [c.slot for c in chunks if c.slot is not None]
+        assert len(held) == len(set(held)), "slot held by two chunks"
+        assert len(held) + self.arena.free_slots + self.arena.lent_slots == self.arena.nslots, \
+            f"leaked arena slots: {len(held)} held, {self.arena.free_slots} free, {self.arena.lent_slots} lent"
+        assert not any(c.readers for c in chunks), "a chunk still pinned by a reply"
+        in_memory = sum(c.absorbed for c in chunks)
+        assert self.bytes_absorbed == self.bytes_drained + self.bytes_skipped + in_memory, "accounting"
 
     def used_bytes(self) -> int:
         return self.alloc.used_units() * self.chunk_size

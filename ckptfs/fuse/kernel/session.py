@@ -17,9 +17,12 @@ data lands in the payload buffer on its own. By default the payload buffer is
 the worker's; a `write_buffer(worker)` hook may supply it instead, before
 every read (e.g. a free arena slot): the write handler then finds its data
 already in place and may keep the buffer (the hook returns a fresh one next
-time). The buffer must hold `payload_size` bytes. Replies go out with
-``os.writev(fd, [out_header, *data])``: READ data may be views of the arena or
-of device buffers, never copied here. os.readv/os.writev release the GIL.
+time; None: the worker's own). The buffer must hold `payload_size` bytes.
+Replies go out with ``os.writev(fd, [out_header, *data])``: READ data may be
+views of the arena or of device buffers, never copied here; a result with a
+`release()` method is released once its reply is written (or dropped), so a
+handler can pin what its views show until then. os.readv/os.writev release
+the GIL.
 
 The handler is any object with one method per operation, named by
 `Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
@@ -41,6 +44,13 @@ access, fsyncdir, syncfs, ...). To fail, raise any exception with an int
 `errno` (OSError, ckptfs.errors.FsError); anything else is logged and
 becomes EIO. Nothing a handler does ends a worker.
 
+Order: the kernel numbers requests in the order it queues them; workers
+read them in that order but may reach the handler in another. A handler
+that needs the kernel's order calls ``session.order.turn(req.unique)``
+before acting (order.py: it waits until every earlier request is done) and
+``session.order.done(req.unique)`` once it may be overtaken (the session
+says done itself after the reply, for every request).
+
 INTERRUPT marks the target in-flight request; a long handler polls
 `session.interrupted(req.unique)` and may give up with EINTR. An interrupt
 for a request not yet registered gets EAGAIN, so the kernel repeats it.
@@ -58,6 +68,7 @@ import time
 
 from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
+from .order import KernelOrder
 from .parse import parse_header, parse_request
 from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
                       XattrSize, error_reply, frame)
@@ -115,6 +126,7 @@ class Session:
         self._counts: list[dict[str, int]] = []
         self._pages_limit: int | None = None
         self.mounted = False
+        self.order = KernelOrder()  # handlers that want the kernel's order take turns (order.py)
 
     # ---- lifecycle -----------------------------------------------------------------
     def mount(self) -> None:
@@ -170,6 +182,7 @@ class Session:
                                              else _errno_of(exc, "init"))], h.unique)
             raise
         self.negotiated = neg
+        self.order.start(h.unique)
         self.payload_size = max(neg.max_write, NON_WRITE_ROOM)
         for name in ("lookup forget batch_forget getattr setattr readlink symlink mknod mkdir unlink rmdir "
                      "rename link open read write statfs release fsync setxattr getxattr listxattr "
@@ -248,9 +261,10 @@ class Session:
 
     # ---- the workers ---------------------------------------------------------------------
     def _payload(self, index: int, own: memoryview) -> memoryview:
-        if self.write_buffer is None:
+        buf = None if self.write_buffer is None else self.write_buffer(index)
+        if buf is None:
             return own
-        buf = memoryview(self.write_buffer(index)).cast("B")
+        buf = memoryview(buf).cast("B")
         if buf.readonly or buf.nbytes < self.payload_size:
             log.error("write_buffer gave %d bytes (%s); need %d writable: using the worker's own buffer",
                       buf.nbytes, "read-only" if buf.readonly else "writable", self.payload_size)
@@ -286,6 +300,14 @@ class Session:
             log.debug("worker %d exits", index)
 
     def _serve_one(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
+        unique = abi.IN_HEADER.unpack_from(head)[2] if n >= abi.IN_HEADER.size else None
+        try:
+            self._serve_request(fd, head, payload, n, counts)
+        finally:
+            if unique is not None:
+                self.order.done(unique)  # whatever happened to it (a handler may have said so sooner)
+
+    def _serve_request(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
         if n < abi.IN_HEADER.size:
             log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
             return
@@ -319,27 +341,35 @@ class Session:
             return
         unique = h.unique
         self._inflight.add(unique)
+        held = []  # the handler's result, when it holds something until the reply is out
         try:
-            parts = self._call(fn, req)
+            parts = self._call(fn, req, held)
         except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
             log.exception("%s: could not encode the reply", method)
             parts = [None, errno.EIO]
         finally:
             self._inflight.discard(unique)
             self._interrupted.discard(unique)
-        if parts[0] is None:
-            counts["errors"] = counts.get("errors", 0) + 1
-            parts = [error_reply(unique, parts[1])]
-        if not self._send(fd, parts, unique):
-            counts["dropped"] = counts.get("dropped", 0) + 1
+        try:
+            if parts[0] is None:
+                counts["errors"] = counts.get("errors", 0) + 1
+                parts = [error_reply(unique, parts[1])]
+            if not self._send(fd, parts, unique):
+                counts["dropped"] = counts.get("dropped", 0) + 1
+        finally:
+            for result in held:
+                result.release()
 
-    def _call(self, fn, req) -> list:
-        """The reply buffers for `req`, or [None, errno]."""
+    def _call(self, fn, req, held: list) -> list:
+        """The reply buffers for `req`, or [None, errno]. A result with `release()` goes into
+        `held`, released once the reply is written (or dropped)."""
         method = req.method
         try:
             result = fn(req)
         except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
             return [None, _errno_of(exc, method)]
+        if callable(getattr(result, "release", None)):
+            held.append(result)
         if method in ("getxattr", "listxattr"):
             if method == "listxattr" and not isinstance(result, (bytes, bytearray, memoryview)):
                 result = b"".join(bytes(name) + b"\0" for name in result)
