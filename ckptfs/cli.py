@@ -65,6 +65,7 @@ def _mount(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"bad --threads {args.threads}: must be at least 1")
     max_lag = _max_lag(args.max_lag)
+    replication = _replication(args)
     from .store.pool import open_pool
     if args.format and memory < 2 * chunk:
         raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
@@ -79,7 +80,7 @@ def _mount(args) -> int:
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
                       max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
-                      metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads)
+                      metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads, **replication)
     if args.foreground:
         from .ops.logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
@@ -103,6 +104,13 @@ def _spawn_daemon(args, mp: str) -> int:
         cmd += ["--metrics-port", str(args.metrics_port)]
     if args.force_recover:
         cmd.append("--force-recover")
+    if args.replicate:
+        cmd += ["--replicate", args.replicate, "--replicate-keep", str(args.replicate_keep),
+                "--replicate-memory", args.replicate_memory, "--no-replicate-check"]
+        if args.s3_endpoint:
+            cmd += ["--s3-endpoint", args.s3_endpoint]
+        if args.replicate_rate:
+            cmd += ["--replicate-rate", args.replicate_rate]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -279,6 +287,42 @@ def _max_lag(text: str) -> float:
     return lag
 
 
+def _replication(args) -> dict:
+    """The --replicate options, checked (one line, exit 2), and the object store tried once: the
+    endpoint must answer, the credentials be accepted and the bucket exist. MountConfig fields."""
+    from .replicate.manifest import parse_url
+    from .replicate.replicator import part_size
+
+    if not args.replicate:
+        for opt in ("s3_endpoint", "replicate_rate"):
+            if getattr(args, opt):
+                raise UsageError(f"--{opt.replace('_', '-')} needs --replicate s3://BUCKET/PREFIX")
+        return {}
+    try:
+        url = parse_url(args.replicate)
+    except ValueError as e:
+        raise UsageError(f"bad --replicate: {e}") from None
+    if args.s3_endpoint and not args.s3_endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"bad --s3-endpoint {args.s3_endpoint!r}: expected http://HOST:PORT or https://HOST")
+    rate = parse_size(args.replicate_rate, what="--replicate-rate") if args.replicate_rate else None
+    memory = parse_size(args.replicate_memory, what="--replicate-memory")
+    if args.replicate_keep < 1:
+        raise UsageError(f"bad --replicate-keep {args.replicate_keep}: must be at least 1")
+    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    if memory < part_size(0, chunk):
+        raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
+                         f"({part_size(0, chunk) >> 20}M)")
+    if not args.no_replicate_check:
+        from .replicate.client import S3Error, Target
+        target = Target(url, args.s3_endpoint, attempts=1)
+        try:
+            target.check()
+        except S3Error as e:
+            raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
+    return {"replicate": str(url), "s3_endpoint": args.s3_endpoint, "replicate_rate": rate,
+            "replicate_keep": args.replicate_keep, "replicate_memory": memory}
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -339,6 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "threads; falls back to pyfuse3 if it cannot start) (default %(default)s)")
     m.add_argument("--threads", type=int, default=None,
                    help="native engine: threads reading /dev/fuse (default: the CPU count)")
+    m.add_argument("--replicate", metavar="s3://BUCKET/PREFIX", default=None,
+                   help="copy every durable state to this object store prefix in the background "
+                        "(credentials and region from the AWS chain: environment, ~/.aws, instance role)")
+    m.add_argument("--s3-endpoint", metavar="URL", default=None,
+                   help="the object store's endpoint, for stores other than AWS S3 (MinIO, Ceph, SeaweedFS)")
+    m.add_argument("--replicate-rate", metavar="BYTES/S", default=None,
+                   help="cap the upload bandwidth, e.g. 100M (default: no cap)")
+    m.add_argument("--replicate-keep", type=int, default=3, metavar="K",
+                   help="manifests (states) kept in the object store; older ones and the objects only "
+                        "they name are deleted (default %(default)s)")
+    m.add_argument("--replicate-memory", default="256M", metavar="SIZE",
+                   help="memory for uploads in flight (default %(default)s)")
+    m.add_argument("--no-replicate-check", action="store_true", help=argparse.SUPPRESS)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 
@@ -376,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=_positive, default=None,
                    help="give up after this many seconds (exit status 124)")
     w.add_argument("--quiet", "-q", action="store_true", help="no progress bar even on a terminal")
+    w.add_argument("--replicated", action="store_true",
+                   help="wait until they are in the object store too (a mount with --replicate)")
     w.set_defaults(func=_wait)
     return p
 

@@ -37,10 +37,14 @@ from .fuse.native import NativeEngine
 from .fuse.pyfuse3_ops import Operations
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
+from .replicate.client import Target
+from .replicate.manifest import parse_url
+from .replicate.replicator import Replicator
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
-from .store.store import DEFAULT_MAX_LAG, Store
+from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
 
 log = logging.getLogger("ckptfs.daemon")
+REPLICATED = "replicated"  # user.ckptfs.state of a durable file named in a standing manifest
 READAHEAD_KIB = 4096
 
 
@@ -62,6 +66,12 @@ class MountConfig:
     metrics_addr: str = "127.0.0.1"
     engine: str = "pyfuse3"  # the FUSE front end: "pyfuse3" or "native" (fuse/native.py)
     threads: int | None = None  # native engine: worker threads (None: the CPUs this process may use)
+    replicate: str | None = None  # s3://BUCKET/PREFIX to replicate the durable state to (replicate/)
+    s3_endpoint: str | None = None  # an S3-compatible store other than AWS
+    replicate_rate: int | None = None  # bytes/s cap of the uploads (None: no cap)
+    replicate_keep: int = 3  # manifests kept in the object store
+    replicate_memory: int = 256 << 20  # bytes of part buffers in flight
+    replicate_finish: float = 30.0  # seconds an unmount waits for the last state to be replicated
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -107,6 +117,7 @@ class Mount:
     store: Store
     monitor: Monitor
     afs: AsyncFilesystem
+    replicator: Replicator | None = None
 
     def operations(self) -> Operations:
         """The pyfuse3 front end over the facade."""
@@ -141,18 +152,27 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     store.attach(fs.ns)
     monitor = Monitor(store)
     store.on_commit.append(monitor.on_commit)
+    replicator = None
+    if cfg.replicate:
+        target = Target(parse_url(cfg.replicate), cfg.s3_endpoint)
+        replicator = Replicator(store, target, rate=cfg.replicate_rate, keep=cfg.replicate_keep,
+                                memory=cfg.replicate_memory)
+        store.on_commit.append(replicator.notify)
 
     def state(ino: int) -> bytes | None:
         inode = fs.ns.inodes.get(ino)
         if inode is None or not (inode.is_reg or inode.is_dir):
             return None  # the kernel keeps user.* xattrs to files and folders
-        return store.state(ino).encode()
+        st = store.state(ino)
+        if st == DURABLE and replicator is not None and replicator.replicated(ino):
+            st = REPLICATED
+        return st.encode()
 
     xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
               b"user.ckptfs.state": state, **(extra_xattrs or {})}
     backend = Backend(fetch=store.fetch, room=monitor.room, sync=store.sync, absorbed=store.absorbed,
                       virtual_xattrs=xattrs)
-    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend))
+    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend), replicator)
 
 
 def _log_recovery(rec) -> None:
@@ -196,7 +216,7 @@ def serve(cfg: MountConfig) -> int:
         return 1
     control = ControlServer(path, mount.store, mount.monitor,
                             info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None,
-                                  "engine": None})
+                                  "engine": None}, replicator=mount.replicator)
     metrics = None
     if cfg.metrics_port is not None:
         try:
@@ -249,7 +269,9 @@ class _Daemon:
         if self.metrics is not None:
             from .ops.metrics import read_metrics
             token = trio.lowlevel.current_trio_token()
-            self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, trio_token=token)
+            replicator = self.mount.replicator
+            self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, replicator,
+                                                                  trio_token=token)
         if cfg.engine == "native":
             self.native = await self._start_native()
         if self.native is None:
@@ -267,6 +289,8 @@ class _Daemon:
             await nursery.start(store.run)
             nursery.start_soon(_tune_readahead_when_live, cfg.mountpoint)
             nursery.start_soon(monitor.run)
+            if self.mount.replicator is not None:
+                await nursery.start(self.mount.replicator.run)
             await nursery.start(self.control.serve)
             nursery.start_soon(self._watch_signals)
             if self.native is not None:
@@ -279,7 +303,19 @@ class _Daemon:
             with trio.CancelScope(shield=True):
                 await store.drain_all()
                 await store.close_clean()
+            await self._finish_replication()
             nursery.cancel_scope.cancel()
+
+    async def _finish_replication(self) -> None:
+        """Give replication a bounded chance to carry the final state before the daemon exits."""
+        replicator = self.mount.replicator
+        if replicator is None:
+            return
+        done = await replicator.finish(self.cfg.replicate_finish)
+        st = replicator.statistics()
+        log.info("replicate.stopped", extra={"fields": {
+            "replicated": done, "generation": st["generation"], "bytes_uploaded": st["bytes_uploaded"],
+            "failing": (st["failing"] or {}).get("message")}})
 
     async def _watch_signals(self) -> None:
         """SIGTERM/SIGINT: unmount (lazily) so pyfuse3.main returns and the drain runs."""
