@@ -311,9 +311,11 @@ class ControlServer:
             k = (sum(1 for i in targets if rep.replicated(i)) if targets is not None
                  else int(rep.covered_seq >= seq))
             st = rep.statistics()
+            failing = st["failing"]
             return {"event": "progress", "phase": "replicating", "files": n, "durable": k, "bytes": 0, "done": 0,
                     "replicated": k, "lag": st["lag"], "bytes_uploaded": st["bytes_uploaded"],
-                    "failing": [], "last_error": (st["failing"] or {}).get("message")}
+                    "failing": [],
+                    "last_error": f"replication failing ({failing['cause']}): {failing['message']}" if failing else None}
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wait)

@@ -50,7 +50,7 @@ import trio
 
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
-from .client import DEVICE, NoSuchUpload, S3Error, Target
+from .client import DEVICE, OTHER, NoSuchUpload, S3Error, Target
 from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, collectable, content_key, manifest_generation,
                        manifest_name, unreferenced)
 from .snapshot import Version, same_tree, take
@@ -216,11 +216,27 @@ class Replicator:
     # ---- the service ------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        await self._start()
+        await self._guarded(self._start)
         while True:
-            await self._cycle()
+            await self._guarded(self._cycle)
             await self.changed.wait()
             await trio.sleep(SETTLE)
+
+    async def _guarded(self, step) -> None:
+        """Run `step` until it completes; a bug is logged and retried, never takes the daemon down."""
+        delay = BACKOFF_MIN
+        while True:
+            try:
+                return await step()
+            except Exception as e:  # noqa: BLE001 - the mount must keep serving whatever replication does
+                log.exception("unexpected error in replication")
+                self._failed(S3Error(OTHER, f"internal error: {type(e).__name__}: {e}"))
+                self.cycle_running = False
+                if self.cycle_since is not None:  # the change is still not replicated
+                    self.pending_since = min(self.cycle_since, self.pending_since or self.cycle_since)
+                    self.cycle_since = None
+                await trio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
 
     async def finish(self, timeout: float) -> bool:
         """At unmount: wait (at most `timeout` s) until the final durable state is replicated; False

@@ -52,7 +52,6 @@ async def _read_chunk(store, version: Version, idx: int, buf: memoryview, pos: i
     view = buf[pos:]
     if ext is None:
         view[:plen] = bytes(plen)
-        view[:] = bytes(plen)
         return
     cached = _cached_view(store, version, idx, ext)
     if cached is not None:
