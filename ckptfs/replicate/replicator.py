@@ -20,8 +20,10 @@ A cycle:
    replication, as `--max-lag` keeps them from starving the journal.
 3. **Upload** the missing objects: one PUT for a file of at most one part,
    else a multipart upload with parallel parts. Each part is read
-   (source.py: arena or devices, CRC-checked) into one of a fixed set of
-   part buffers, which bounds the memory (`--replicate-memory`); a token
+   (source.py: arena or devices, CRC-checked) into a part buffer; the
+   buffers in use or kept for reuse never exceed `--replicate-memory`
+   (a part larger than that, for a file of more than 10,000 usual parts,
+   goes alone); a token
    bucket caps the bandwidth (`--replicate-rate`); `connections` calls run
    at once in worker threads.
 4. **Manifest** generation + 1, written only now that every object it names
@@ -122,14 +124,14 @@ class Replicator:
         self.store = store
         self.target = target
         self.keep = max(1, keep)
-        self.part = part_size(0, store.chunk_size, part)
-        self.nbuf = max(1, memory // self.part)
-        self.memory = self.nbuf * self.part
+        self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
+        self.memory = max(memory, self.part)
         self.throttle = _Throttle(rate)
         self.rate = rate
         self.s3_limiter = trio.CapacityLimiter(connections)
-        self.buffers: list[memoryview] = []  # free part buffers (allocated on first use)
-        self.buffers_made = 0
+        self.free: list[memoryview] = []  # part buffers of the usual size, kept for the next parts
+        self.held = 0  # bytes of part buffers in use or kept (at most `memory`, but for one huge part)
+        self.in_use = 0
         self.buffer_lot = trio.lowlevel.ParkingLot()
         self.changed = trio.Event()  # the durable state changed since the last snapshot
         self.progress = trio.lowlevel.ParkingLot()  # a manifest stood, or an error came or went
@@ -296,7 +298,7 @@ class Replicator:
             store.alloc.claim(dev, unit)  # pinned: not reused while we read them
         try:
             async with trio.open_nursery() as nursery:
-                objects = trio.CapacityLimiter(max(1, min(self.nbuf, 16)))
+                objects = trio.CapacityLimiter(max(1, min(self.memory // self.part, 16)))
                 for v in missing:
                     nursery.start_soon(self._upload, v, objects)
         finally:
@@ -339,21 +341,22 @@ class Replicator:
     # ---- uploads -------------------------------------------------------------------------
     async def _upload(self, v: Version, objects: trio.CapacityLimiter) -> None:
         async with objects:
-            nparts = max(1, -(-v.size // self.part))
+            part = part_size(v.size, self.store.chunk_size, self.part)
+            nparts = max(1, -(-v.size // part))
             while True:
                 try:
                     if nparts == 1:
-                        await self._put_small(v)
+                        await self._put_small(v, part)
                     else:
-                        await self._put_multipart(v, nparts)
+                        await self._put_multipart(v, nparts, part)
                     break
                 except NoSuchUpload as e:
                     self._failed(e)  # the store lost it (restarted?): upload the object again
         self.objects.add(v.key)
         self.objects_uploaded += 1
 
-    async def _put_small(self, v: Version) -> None:
-        buf = await self._buffer()
+    async def _put_small(self, v: Version, size: int) -> None:
+        buf = await self._buffer(size)
         try:
             n = await self._read(v, 0, buf)
             await self.throttle.take(n)
@@ -362,14 +365,14 @@ class Replicator:
         finally:
             self._give_back(buf)
 
-    async def _put_multipart(self, v: Version, nparts: int) -> None:
+    async def _put_multipart(self, v: Version, nparts: int, size: int) -> None:
         upload_id = await self._s3(self.target.create_upload, v.key)
         etags: list[str | None] = [None] * nparts
 
         async def part(i: int) -> None:
-            buf = await self._buffer()
+            buf = await self._buffer(size)
             try:
-                n = await self._read(v, i * self.part, buf)
+                n = await self._read(v, i * size, buf)
                 await self.throttle.take(n)
                 etags[i] = await self._s3(self.target.upload_part, v.key, upload_id, i + 1, _Body(buf[:n]))
                 self.bytes_uploaded += n
@@ -401,17 +404,29 @@ class Replicator:
                 await trio.sleep(delay)
                 delay = min(2 * delay, BACKOFF_MAX)
 
-    async def _buffer(self) -> memoryview:
-        while not self.buffers:
-            if self.buffers_made < self.nbuf:
-                self.buffers_made += 1
-                return memoryview(mmap.mmap(-1, self.part, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    async def _buffer(self, size: int) -> memoryview:
+        """A page-aligned part buffer of `size` bytes, once the memory budget has room for it (a
+        part larger than the whole budget waits until nothing else is in flight)."""
+        while True:
+            if size == self.part and self.free:
+                self.in_use += size
+                return self.free.pop()
+            if self.in_use + size <= self.memory or self.in_use == 0:
+                while self.free and self.held + size > self.memory:
+                    self.free.pop()  # unmapped once unreferenced
+                    self.held -= self.part
+                self.held += size
+                self.in_use += size
+                return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
             await self.buffer_lot.park()
-        return self.buffers.pop()
 
     def _give_back(self, buf: memoryview) -> None:
-        self.buffers.append(buf)
-        self.buffer_lot.unpark()
+        self.in_use -= len(buf)
+        if len(buf) == self.part and self.held <= self.memory:
+            self.free.append(buf)
+        else:
+            self.held -= len(buf)
+        self.buffer_lot.unpark_all()
 
     # ---- calls and their failures ------------------------------------------------------------
     async def _s3(self, fn, *args):
@@ -436,7 +451,7 @@ class Replicator:
     def _failed(self, e: S3Error) -> None:
         self.errors[e.cause] += 1
         self.last_error = {"cause": e.cause, "message": str(e), "time": time.time()}
-        if self.failing is None or str(self.failing) != str(e):
+        if self.failing is None or self.failing.cause != e.cause:  # once per failure, not per retry
             log.error("replicate.failed", extra={"fields": {"cause": e.cause, "error": str(e), "retry": "with backoff"}})
         self.failing = e
         self.progress.unpark_all()
