@@ -143,7 +143,9 @@ class Replicator:
         self.standing_files: dict[int, str] = {}  # ino -> object in the standing manifest
         self.standing_dirs: set[int] = set()
         self.covered_seq = -1  # the journal sequence number the standing manifest's tree holds
-        self.pending_since: float | None = None  # monotonic time of the oldest change not snapshotted
+        # monotonic time of the oldest change not snapshotted: at start, whatever the journal holds
+        # may not be replicated yet (a killed predecessor), so the lag counts from the start
+        self.pending_since: float | None = time.monotonic()
         self.cycle_since: float | None = None  # ... of the oldest change the running cycle covers
         self.cycle_running = False
         self.last_manifest_time: float | None = None  # wall-clock time it was written
