@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     each = total // args.files
     scratch = args.scratch.resolve()
     scratch.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(scratch / "s3", ignore_errors=True)  # a fresh server: no objects of earlier runs
     srv = S3Server(scratch / "s3")
     srv.start()
     os.environ.update(srv.env())
