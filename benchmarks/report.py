@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, human_rate, read_results, stats, verdict
 
-CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles"]
+CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles", "replicate"]
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
@@ -167,10 +167,24 @@ def smallfiles_md(d: dict) -> str:
                   [[k, fs(v)] for k, v in d["ratios"].items()]))
 
 
+def replicate_md(d: dict) -> str:
+    c = d["config"]
+    rows = [[who, fs(r["bps"], 1e-6, 0), fs(r["seconds"], 1, 1), fs(r["cpu_s_per_gib"])]
+            for who, r in d["rows"].items()]
+    lat = [[size, fs(s, 1, 2)] for size, s in d["close_to_replicated_s"].items()]
+    return (f"{c['files']} files, {c['size']} in all, to {c['server']}: ckptfs replicating a remounted pool "
+            f"({c['ckptfs']}) against {c['boto3']}, same files, same server, rounds interleaved. Throughput ratio "
+            f"ckptfs / boto3, round by round: {fs(d['ratio_ckptfs_over_boto3'])}.\n\n" +
+            table(["uploader", "MB/s", "seconds", "CPU s/GiB (uploader only)"], rows) + "\n\n" +
+            "From a save's close to `wait --replicated` returning (durable, uploaded, in a manifest):\n\n" +
+            table(["file size", "close -> replicated (s)"], lat))
+
+
 SECTIONS = {"save": ("1. Save", save_md), "training": ("2. Training overhead", training_md),
             "restore": ("3. Restore", restore_md), "scale": ("4. Scale", scale_md),
             "samepath": ("5. Every step to the same path", samepath_md),
-            "smallfiles": ("6. Small files and metadata", smallfiles_md)}
+            "smallfiles": ("6. Small files and metadata", smallfiles_md),
+            "replicate": ("7. Replication to an object store", replicate_md)}
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -289,8 +303,17 @@ def plot_samepath(d: dict, plt) -> Path:
     return _finish(fig, "samepath", plt)
 
 
+def plot_replicate(d: dict, plt) -> Path:
+    rows = d["rows"]
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    _paired_bars(ax, ["throughput"], [(who, [r["bps"]]) for who, r in rows.items()], 1e-6)
+    ax.set_ylabel("MB/s")
+    ax.set_title("upload to the same S3 server")
+    return _finish(fig, "replicate", plt)
+
+
 PLOTS = {"save": plot_save, "training": plot_training, "restore": plot_restore, "scale": plot_scale,
-         "samepath": plot_samepath}
+         "samepath": plot_samepath, "replicate": plot_replicate}
 
 
 def _finish(fig, name: str, plt) -> Path:

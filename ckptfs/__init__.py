@@ -5,10 +5,11 @@ Optional helpers for training code (see ckptfs/ops/api.py)::
 
     ckptfs.state(path)                       # 'memory', 'draining', 'durable' or 'failed:EIO'
     ckptfs.wait_durable(path, timeout=None)  # returns once durable; raises DrainFailed or WaitTimeout
+    ckptfs.wait_replicated(path, timeout=None)  # ... once in the object store too (mount --replicate)
 """
 
 __version__ = "0.1.0"
-__all__ = ["state", "wait_durable", "DrainFailed", "WaitTimeout", "NotOnCkptfs"]
+__all__ = ["state", "wait_durable", "wait_replicated", "DrainFailed", "WaitTimeout", "NotOnCkptfs"]
 
 
 def __getattr__(name: str):

@@ -74,6 +74,7 @@ def _mount(args) -> int:
             raise UsageError("--engine pyfuse3: pyfuse3 is not installed (pip install 'ckptfs[pyfuse3]'; "
                              "it needs libfuse3's headers and a C compiler)")
     max_lag = _max_lag(args.max_lag)
+    replication = _replication(args)
     from .store.pool import open_pool
     if args.format and memory < 2 * chunk:
         raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
@@ -91,7 +92,8 @@ def _mount(args) -> int:
                       metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads,
                       restore_from=args.restore_from, restore_generation=args.restore_generation,
                       s3_endpoint=args.s3_endpoint, restore_concurrency=args.restore_concurrency,
-                      restore_rate=parse_size(args.restore_rate, what="--restore-rate") if args.restore_rate else None)
+                      restore_rate=parse_size(args.restore_rate, what="--restore-rate") if args.restore_rate else None,
+                      **replication)
     if args.foreground:
         from .ops.logs import setup
         # detached (--ready-fd), the daemon's stderr is its log file already
@@ -158,6 +160,11 @@ def _spawn_daemon(args, mp: str) -> int:
     if args.restore_rate is not None:
         cmd += ["--restore-rate", args.restore_rate]
     cmd += ["--restore-concurrency", str(args.restore_concurrency)]
+    if args.replicate:
+        cmd += ["--replicate", args.replicate, "--replicate-keep", str(args.replicate_keep),
+                "--replicate-memory", args.replicate_memory, "--no-replicate-check"]
+        if args.replicate_rate:
+            cmd += ["--replicate-rate", args.replicate_rate]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -334,6 +341,39 @@ def _max_lag(text: str) -> float:
     return lag
 
 
+def _replication(args) -> dict:
+    """The --replicate options, checked (one line, exit 2), and the object store tried once: the
+    endpoint must answer, the credentials be accepted and the bucket exist. MountConfig fields."""
+    from .replicate.manifest import parse_url
+    from .replicate.replicator import part_size
+
+    if not args.replicate:
+        if args.replicate_rate:
+            raise UsageError("--replicate-rate needs --replicate s3://BUCKET/PREFIX")
+        return {}
+    try:
+        url = parse_url(args.replicate)
+    except ValueError as e:
+        raise UsageError(f"bad --replicate: {e}") from None
+    rate = parse_size(args.replicate_rate, what="--replicate-rate") if args.replicate_rate else None
+    memory = parse_size(args.replicate_memory, what="--replicate-memory")
+    if args.replicate_keep < 1:
+        raise UsageError(f"bad --replicate-keep {args.replicate_keep}: must be at least 1")
+    chunk = parse_size(args.chunk_size, what="--chunk-size")
+    if memory < part_size(0, chunk):
+        raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
+                         f"({part_size(0, chunk) >> 20}M)")
+    if not args.no_replicate_check:
+        from .replicate.client import S3Error, Target
+        target = Target(url, args.s3_endpoint, attempts=1)
+        try:
+            target.check()
+        except S3Error as e:
+            raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
+    return {"replicate": str(url), "replicate_rate": rate, "replicate_keep": args.replicate_keep,
+            "replicate_memory": memory}
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -400,14 +440,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --format: show the newest manifest replicated under this prefix at once and "
                         "fetch its contents on first read and in the background (credentials and region "
                         "from the standard AWS chain); an interrupted restore goes on at the next mount")
-    m.add_argument("--s3-endpoint", metavar="URL", help="the object store's URL, for stores other than AWS S3 "
-                                                        "(MinIO, Ceph RGW, SeaweedFS)")
+    m.add_argument("--s3-endpoint", metavar="URL", default=None,
+                   help="the object store's URL, for stores other than AWS S3 (MinIO, Ceph RGW, SeaweedFS); "
+                        "for --replicate and --restore-from")
     m.add_argument("--restore-rate", metavar="SIZE", default=None,
                    help="cap the background restore at SIZE bytes per second (e.g. 200M; reads that wait "
                         "are never capped)")
     m.add_argument("--restore-concurrency", type=int, default=8,
                    help="ranged GETs in flight for the background restore (default %(default)s)")
     m.add_argument("--restore-generation", type=int, default=None, help=argparse.SUPPRESS)
+    m.add_argument("--replicate", metavar="s3://BUCKET/PREFIX", default=None,
+                   help="copy every durable state to this object store prefix in the background "
+                        "(credentials and region from the AWS chain: environment, ~/.aws, instance role)")
+    m.add_argument("--replicate-rate", metavar="BYTES/S", default=None,
+                   help="cap the upload bandwidth, e.g. 100M (default: no cap)")
+    m.add_argument("--replicate-keep", type=int, default=3, metavar="K",
+                   help="manifests (states) kept in the object store; older ones and the objects only "
+                        "they name are deleted (default %(default)s)")
+    m.add_argument("--replicate-memory", default="256M", metavar="SIZE",
+                   help="memory for uploads in flight (default %(default)s)")
+    m.add_argument("--no-replicate-check", action="store_true", help=argparse.SUPPRESS)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 
@@ -445,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=_positive, default=None,
                    help="give up after this many seconds (exit status 124)")
     w.add_argument("--quiet", "-q", action="store_true", help="no progress bar even on a terminal")
+    w.add_argument("--replicated", action="store_true",
+                   help="wait until they are in the object store too (a mount with --replicate)")
     w.set_defaults(func=_wait)
     return p
 

@@ -41,14 +41,17 @@ from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
 from .replicate import restore
+from .replicate.client import Target
 from .replicate.manifest import parse_url
 from .replicate.plan import Source
+from .replicate.replicator import Replicator
 from .replicate.restore import Restorer
 from .replicate.s3client import SourceError, load_manifest, make_client
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
-from .store.store import DEFAULT_MAX_LAG, Store
+from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
 
 log = logging.getLogger("ckptfs.daemon")
+REPLICATED = "replicated"  # user.ckptfs.state of a durable file named in a standing manifest
 READAHEAD_KIB = 4096
 
 
@@ -75,6 +78,11 @@ class MountConfig:
     s3_endpoint: str | None = None  # the object store's URL (None: AWS)
     restore_rate: float | None = None  # background restore bytes/s (None: no cap)
     restore_concurrency: int = 8  # background ranged GETs in flight
+    replicate: str | None = None  # s3://BUCKET/PREFIX to replicate the durable state to (replicate/)
+    replicate_rate: int | None = None  # bytes/s cap of the uploads (None: no cap)
+    replicate_keep: int = 3  # manifests kept in the object store
+    replicate_memory: int = 256 << 20  # bytes of part buffers in flight
+    replicate_finish: float = 30.0  # seconds an unmount waits for the last state to be replicated
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -113,6 +121,7 @@ class Mount:
     monitor: Monitor
     afs: AsyncFilesystem
     restorer: Restorer | None = None  # a restore from an object store in progress (replicate/restore.py)
+    replicator: Replicator | None = None  # --replicate (replicate/replicator.py)
 
     def operations(self):
         """The pyfuse3 front end's operations over the facade (needs the pyfuse3 extra)."""
@@ -153,12 +162,21 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     store.attach(fs.ns)
     monitor = Monitor(store)
     store.on_commit.append(monitor.on_commit)
+    replicator = None
+    if cfg.replicate:
+        target = Target(parse_url(cfg.replicate), cfg.s3_endpoint)
+        replicator = Replicator(store, target, rate=cfg.replicate_rate, keep=cfg.replicate_keep,
+                                memory=cfg.replicate_memory)
+        store.on_commit.append(replicator.notify)
 
     def state(ino: int) -> bytes | None:
         inode = fs.ns.inodes.get(ino)
         if inode is None or not (inode.is_reg or inode.is_dir):
             return None  # the kernel keeps user.* xattrs to files and folders
-        return store.state(ino).encode()
+        st = store.state(ino)
+        if st == DURABLE and replicator is not None and replicator.replicated(ino):
+            st = REPLICATED
+        return st.encode()
 
     xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
               b"user.ckptfs.state": state, **(extra_xattrs or {})}
@@ -171,7 +189,7 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
                       virtual_xattrs=xattrs)
     if restorer is not None:
         backend.restore = restorer.demand
-    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend), restorer)
+    return Mount(fs, store, monitor, AsyncFilesystem(fs, backend), restorer, replicator)
 
 
 def _open_and_recover(cfg: MountConfig, devices: list):
@@ -240,7 +258,7 @@ def serve(cfg: MountConfig) -> int:
     sections = {"restore": mount.restorer.snapshot} if mount.restorer is not None else {}
     control = ControlServer(path, mount.store, mount.monitor,
                             info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None,
-                                  "engine": None}, sections=sections)
+                                  "engine": None}, sections=sections, replicator=mount.replicator)
     metrics = None
     if cfg.metrics_port is not None:
         try:
@@ -294,9 +312,9 @@ class _Daemon:
         if self.metrics is not None:
             from .ops.metrics import read_metrics
             token = trio.lowlevel.current_trio_token()
-            sections = self.control.sections
+            sections, replicator = self.control.sections, self.mount.replicator
             self.metrics.read = lambda: trio.from_thread.run_sync(read_metrics, store, monitor, 2.0, sections,
-                                                                  trio_token=token)
+                                                                  replicator, trio_token=token)
         restorer = self.mount.restorer
         if restorer is not None:
             restorer.prepare()  # a fresh restore's tree, before anyone can look
@@ -320,6 +338,8 @@ class _Daemon:
                 await nursery.start(restorer.run)
             nursery.start_soon(_tune_readahead_when_live, cfg.mountpoint)
             nursery.start_soon(monitor.run)
+            if self.mount.replicator is not None:
+                await nursery.start(self.mount.replicator.run)
             await nursery.start(self.control.serve)
             nursery.start_soon(self._watch_signals)
             if self.native is not None:
@@ -336,7 +356,19 @@ class _Daemon:
             with trio.CancelScope(shield=True):
                 await store.drain_all()
                 await store.close_clean()
+            await self._finish_replication()
             nursery.cancel_scope.cancel()
+
+    async def _finish_replication(self) -> None:
+        """Give replication a bounded chance to carry the final state before the daemon exits."""
+        replicator = self.mount.replicator
+        if replicator is None:
+            return
+        done = await replicator.finish(self.cfg.replicate_finish)
+        st = replicator.statistics()
+        log.info("replicate.stopped", extra={"fields": {
+            "replicated": done, "generation": st["generation"], "bytes_uploaded": st["bytes_uploaded"],
+            "failing": (st["failing"] or {}).get("message")}})
 
     async def _watch_signals(self) -> None:
         """SIGTERM/SIGINT: unmount (lazily) so the engine stops serving and the drain runs."""

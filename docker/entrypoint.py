@@ -26,6 +26,11 @@ Environment (used when no arguments are given; CKPTFS_FORMAT and CKPTFS_OWNER al
   CKPTFS_MOUNTPOINT  default /shared/ckpt: a directory under the rshared bind mount
   CKPTFS_MEMORY      memory budget (ckptfs's default: 25% of RAM)
   CKPTFS_MAX_LAG     seconds a closed checkpoint may wait before it is made durable (default 2)
+  CKPTFS_REPLICATE   s3://BUCKET/PREFIX: replicate the durable checkpoints to an object store;
+                     give each node or pod its own prefix (e.g. .../node-$NODE_RANK); the
+                     credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_DEFAULT_REGION
+                     (or AWS_* web identity / instance role) in the environment
+  CKPTFS_S3_ENDPOINT the object store's URL, for stores other than AWS S3 (MinIO, Ceph, SeaweedFS)
   CKPTFS_FORMAT      never (default) or if-needed
   CKPTFS_OWNER       UID[:GID] to own the mount's root directory (non-root trainers)
   CKPTFS_ARGS        more `ckptfs mount` options, e.g. "--queue-depth 16 --fsync durable"
@@ -184,6 +189,12 @@ def mount_command(argv: list[str], env: dict) -> tuple[list[str], str, list[str]
             cmd += ["--memory", env["CKPTFS_MEMORY"]]
         if env.get("CKPTFS_MAX_LAG"):
             cmd += ["--max-lag", env["CKPTFS_MAX_LAG"]]
+        if env.get("CKPTFS_REPLICATE"):
+            cmd += ["--replicate", env["CKPTFS_REPLICATE"]]
+        if env.get("CKPTFS_S3_ENDPOINT"):
+            if not env.get("CKPTFS_REPLICATE"):
+                raise Fatal("CKPTFS_S3_ENDPOINT is set but CKPTFS_REPLICATE is not (s3://BUCKET/PREFIX)")
+            cmd += ["--s3-endpoint", env["CKPTFS_S3_ENDPOINT"]]
         try:
             cmd += shlex.split(env.get("CKPTFS_ARGS", ""))
         except ValueError as e:

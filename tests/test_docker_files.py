@@ -158,7 +158,11 @@ def test_kubernetes_pod():
     mounts = {m["name"]: m for m in side["volumeMounts"]}
     assert mounts["shared"]["mountPropagation"] == "Bidirectional"
     assert "health" in side["startupProbe"]["exec"]["command"]
-    env = {e["name"]: e["value"] for e in side["env"]}
+    env = {e["name"]: e.get("value") for e in side["env"]}
+    names = [e["name"] for e in side["env"]]
+    # replication: each pod its own prefix, from a variable defined before it (Kubernetes expands $(VAR))
+    assert env["CKPTFS_REPLICATE"].startswith("s3://") and "$(POD_NAME)" in env["CKPTFS_REPLICATE"]
+    assert names.index("POD_NAME") < names.index("CKPTFS_REPLICATE")
     assert env["CKPTFS_MOUNTPOINT"].startswith(mounts["shared"]["mountPath"] + "/")
     volumes = {v["name"]: v for v in spec["volumes"]}
     for dev in env["CKPTFS_DEVICES"].split(","):  # every device is passed in, as a block device

@@ -84,6 +84,11 @@ def test_mount_command_from_env_and_from_args():
         E.mount_command(["mount", "/x"], {})
     with pytest.raises(E.Fatal, match="CKPTFS_ARGS"):
         E.mount_command([], {"CKPTFS_DEVICES": "/d/a", "CKPTFS_ARGS": "'unclosed"})
+    cmd, _, _ = E.mount_command([], {"CKPTFS_DEVICES": "/d/a", "CKPTFS_REPLICATE": "s3://ckpt/run/node-3",
+                                     "CKPTFS_S3_ENDPOINT": "http://s3.local:8333"})
+    assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://s3.local:8333", "--foreground"]
+    with pytest.raises(E.Fatal, match="CKPTFS_REPLICATE"):
+        E.mount_command([], {"CKPTFS_DEVICES": "/d/a", "CKPTFS_S3_ENDPOINT": "http://s3.local:8333"})
 
 
 def test_owner_and_mountinfo_parsing(tmp_path):

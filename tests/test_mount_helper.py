@@ -141,6 +141,19 @@ def test_translates_to_the_ckptfs_command_line():
                    "--threads", "3", "--foreground"]
 
 
+def test_replication_options_reach_the_ckptfs_command_line():
+    args = H.parse_argv(["/dev/a", "/ckpt", "-o", "replicate=s3://ckpt/run/node-3,s3_endpoint=http://10.0.0.5:8333,"
+                                                  "replicate-rate=100M,replicate_keep=5,replicate_memory=1G"])
+    _, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
+    assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://10.0.0.5:8333",
+                       "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-memory", "1G"]
+    for bad, word in (("replicate=ckpt/run", "s3://"), ("s3_endpoint=10.0.0.5", "http://"),
+                      ("replicate_rate=fast", "replicate_rate=fast"), ("replicate_keep=0", "at least 1")):
+        with pytest.raises(H.UsageError) as e:
+            H.parse_options(bad)
+        assert word in str(e.value)
+
+
 def test_fake_mount_validates_and_says_what_it_would_run(tmp_path):
     res = helper("/dev/a,/dev/b", str(tmp_path), "-f", "-o", "rw,memory=1G,nofail")
     assert res.returncode == 0, res.stderr

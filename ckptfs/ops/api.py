@@ -4,6 +4,7 @@
     torch.save(state, "/ckpt/step-100.pt")
     ckptfs.state("/ckpt/step-100.pt")          # 'memory', 'draining', 'durable' or 'failed:EIO'
     ckptfs.wait_durable("/ckpt/step-100.pt", timeout=600)   # None, or raises
+    ckptfs.wait_replicated("/ckpt/step-100.pt")             # ... and in the object store (--replicate)
 
 `state` reads the ``user.ckptfs.state`` xattr, which anyone who can see the
 file may read. `wait_durable` asks the daemon over its control channel (the
@@ -57,7 +58,8 @@ class WaitTimeout(TimeoutError):
 
 
 def state(path: str | os.PathLike) -> str:
-    """'memory', 'draining', 'durable' or 'failed:ERRNO' for a file in a ckptfs mount."""
+    """'memory', 'draining', 'durable', 'replicated' (--replicate) or 'failed:ERRNO' for a file in a
+    ckptfs mount."""
     try:
         return os.getxattr(path, STATE_XATTR).decode()
     except OSError as e:
@@ -91,7 +93,8 @@ def _targets(paths) -> dict[str, list[int] | None]:
 
 def _reason(msg: dict) -> str:
     left = msg.get("files", 0) - msg.get("durable", 0)
-    text = f"{left} of {msg.get('files', 0)} file(s) not durable yet"
+    state = "replicated" if msg.get("phase") == "replicating" else "durable"
+    text = f"{left} of {msg.get('files', 0)} file(s) not {state} yet"
     if msg.get("bytes"):
         text += f", {100 * msg.get('done', 0) / msg['bytes']:.0f}% of {msg['bytes']} bytes drained"
     if msg.get("last_error"):
@@ -100,23 +103,27 @@ def _reason(msg: dict) -> str:
 
 
 def wait_paths(paths, timeout: float | None = None,
-               on_progress: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
-    """Make the files durable and wait; mountpoint -> final report. Raises DrainFailed, WaitTimeout,
-    ControlError (the daemon cannot be asked), or OSError (a path does not exist)."""
+               on_progress: Callable[[str, dict], None] | None = None, *, replicated: bool = False
+               ) -> dict[str, dict]:
+    """Make the files durable (and with `replicated`, named in a standing manifest of the mount's
+    object store) and wait; mountpoint -> final report. Raises DrainFailed, WaitTimeout,
+    ControlError (the daemon cannot be asked, or the mount does not replicate), or OSError (a path
+    does not exist)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     results: dict[str, dict] = {}
     for mp, inos in _targets(paths).items():
         report = None if on_progress is None else (lambda msg, mp=mp: on_progress(mp, msg))
-        results[mp] = wait_on(control_path(mp), inos, deadline, report, timeout)
+        results[mp] = wait_on(control_path(mp), inos, deadline, report, timeout, replicated=replicated)
     return results
 
 
 def wait_on(sock: str, inos: list[int] | None, deadline: float | None = None,
-            on_progress: Callable[[dict], None] | None = None, timeout: float | None = None) -> dict:
+            on_progress: Callable[[dict], None] | None = None, timeout: float | None = None, *,
+            replicated: bool = False) -> dict:
     """One daemon's wait (see control.py), until time.monotonic() passes `deadline`; the final report."""
     last: dict = {}
     with Client(sock, timeout=10) as c:
-        c.send({"op": "wait", "inos": inos})
+        c.send({"op": "wait", "inos": inos, **({"replicated": True} if replicated else {})})
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -144,6 +151,12 @@ def wait_durable(path: str | os.PathLike, timeout: float | None = None) -> None:
         wait_paths([path], timeout)
     except ControlPermissionError:
         _fsync_wait(os.fspath(path), timeout)
+
+
+def wait_replicated(path: str | os.PathLike, timeout: float | None = None) -> None:
+    """Return once `path` (as for wait_durable) is durable and named in a standing manifest of the
+    mount's object store (`ckptfs mount --replicate`)."""
+    wait_paths([path], timeout, replicated=True)
 
 
 def _fsync_wait(path: str, timeout: float | None) -> None:

@@ -152,9 +152,30 @@ def render(st: dict, limit: int = 20):
                       f"backpressure waits {tot['backpressure_waits']} ({tot['backpressure_seconds']:.1f}s); "
                       f"close-to-durable latency last {human_seconds(lat['last'])}, "
                       f"mean {human_seconds(lat['sum'] / lat['count']) if lat['count'] else 'n/a'}"))
+    if st.get("replication"):
+        parts.extend(_replication_lines(st["replication"]))
     if st.get("last_error"):
         parts.append(Text(f"Last error: {st['last_error']}", style="bold red"))
     return Group(*parts)
+
+
+def _replication_lines(rep: dict) -> list:
+    from rich.text import Text
+
+    when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rep["manifest_time"]))
+            if rep.get("manifest_time") else "none yet")
+    lines = [Text(f"Replication to {rep['target']}: lag {human_seconds(rep['lag'])}, manifest generation "
+                  f"{rep['generation']} ({when}), {rep['objects']} object(s); uploaded "
+                  f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} object(s)"
+                  + ("" if rep["started"] else "; starting"))]
+    if rep.get("failing"):
+        f = rep["failing"]
+        lines.append(Text(f"Replication failing ({f['cause']}), retrying: {f['message']}", style="bold red"))
+    elif rep.get("errors_total"):
+        last = rep.get("last_error") or {}
+        lines.append(Text(f"Replication errors so far: {rep['errors_total']} (last: {last.get('cause')}: "
+                          f"{last.get('message')})", style="yellow"))
+    return lines
 
 
 # ---- status ---------------------------------------------------------------------------
@@ -256,10 +277,11 @@ class ProgressView:
 
 def wait(args) -> int:
     show = sys.stderr.isatty() and not args.quiet
+    replicated = getattr(args, "replicated", False)
     t0 = time.monotonic()
     try:
         with ProgressView(show) as view:
-            results = wait_paths(args.paths, args.timeout, view.update)
+            results = wait_paths(args.paths, args.timeout, view.update, replicated=replicated)
     except DrainFailed as e:
         print(f"ckptfs wait: {e}", file=sys.stderr)
         return 1
@@ -274,7 +296,8 @@ def wait(args) -> int:
         return 2
     if show:
         files = sum(r.get("files", 0) for r in results.values())
-        print(f"durable: {files} file(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        what = "replicated" if replicated else "durable"
+        print(f"{what}: {files} file(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return 0
 
 

@@ -33,7 +33,10 @@ Protocol: newline-delimited JSON. Each request is one object with an
         {"event": "done", "ok": true|false, "error": ..., "failed": [...]}.
         Closing the connection abandons the wait (that is how a client's
         --timeout ends it). An ino that is a directory stands for every file
-        below it.
+        below it. With "replicated": true, once durable it goes on waiting
+        until they are named in a standing manifest of the object store
+        (--replicate), streaming {"event": "progress", "phase": "replicating",
+        ...} with the replication's current failure, if any.
 
 A connection may carry several requests, one after another.
 """
@@ -106,10 +109,12 @@ def allowed(uid: int, owner: int) -> bool:
 
 # ---- the server (in the daemon's trio loop) ---------------------------------------
 class ControlServer:
-    def __init__(self, path: str, store, monitor, *, info: dict | None = None, sections: dict | None = None):
+    def __init__(self, path: str, store, monitor, *, info: dict | None = None, sections: dict | None = None,
+                 replicator=None):
         self.path = path
         self.store = store
         self.monitor = monitor
+        self.replicator = replicator  # replicate.replicator.Replicator, or None
         self.info = dict(info or {})
         self.sections = dict(sections or {})  # name -> callable() giving that part of the status (e.g. restore)
         self.owner = os.getuid()
@@ -204,14 +209,20 @@ class ControlServer:
             if inos is not None and not (isinstance(inos, list) and all(isinstance(i, int) for i in inos)):
                 await _send(stream, {"ok": False, "error": "bad request: inos must be a list of integers or null"})
                 return
-            await self._wait(stream, inos, float(req.get("interval", 0.25)))
+            replicated = bool(req.get("replicated"))
+            if replicated and self.replicator is None:
+                await _send(stream, {"ok": False, "error": "this mount does not replicate (mount it with --replicate)"})
+                return
+            await self._wait(stream, inos, float(req.get("interval", 0.25)), replicated)
         else:
             await _send(stream, {"ok": False, "error": f"unknown op {op!r}"})
 
     def status(self, *, window: float = 2.0, limit: int | None = None) -> dict:
         info = dict(self.info, pid=os.getpid(), control=self.path, time=time.time())
         info.update({name: fn() for name, fn in self.sections.items()})
-        return status_mod.snapshot(self.store, self.monitor, window=window, limit=limit, info=info)
+        replication = self.replicator.statistics() if self.replicator is not None else None
+        return status_mod.snapshot(self.store, self.monitor, window=window, limit=limit, info=info,
+                                   replication=replication)
 
     # ---- wait ---------------------------------------------------------------
     def _expand(self, inos: list[int]) -> list[int]:
@@ -226,9 +237,11 @@ class ControlServer:
                 out.append(ino)
         return list(dict.fromkeys(out))
 
-    async def _wait(self, stream, inos: list[int] | None, interval: float) -> None:
+    async def _wait(self, stream, inos: list[int] | None, interval: float, replicated: bool = False) -> None:
         store = self.store
         targets = None if inos is None else self._expand(inos)
+        if replicated and inos is not None:  # files below a folder: also those durable already
+            targets = self._expand_all(inos)
         tracker = WaitProgress(store, targets, self.monitor)
         failures: list[dict] = []
         done = trio.Event()
@@ -263,12 +276,61 @@ class ControlServer:
             nursery.cancel_scope.cancel()
         if gone:
             return
+        if replicated and not failures:
+            if not await self._wait_replicated(stream, targets, interval):
+                return
         final = tracker.progress()
         final.update(event="done", ok=not failures, failed=failures)
         if failures:
             final["error"] = "; ".join(f["error"] for f in failures)
             log.warning("wait.failed", extra={"fields": {"error": final["error"]}})
         await _send(stream, final)
+
+    def _expand_all(self, inos: list[int]) -> list[int]:
+        """`inos` with each folder replaced by every file and folder below it."""
+        out: list[int] = []
+        for ino in inos:
+            inode = self.store.ns.inodes.get(ino)
+            out.extend(status_mod.files_under(self.store.ns, ino) if inode is not None and inode.dir is not None
+                       else [ino])
+        return list(dict.fromkeys(out))
+
+    async def _wait_replicated(self, stream, targets: list[int] | None, interval: float) -> bool:
+        """After the durable phase: stream progress until the targets (None: everything durable now)
+        stand in a manifest; False when the client went away."""
+        rep = self.replicator
+        seq = self.store.committer.seq
+        done = trio.Event()
+
+        async def wait() -> None:
+            if targets is None:
+                await rep.wait_covered(seq)
+            else:
+                await rep.wait_files(targets)
+            done.set()
+
+        def progress() -> dict:
+            n = len(targets) if targets is not None else 1
+            k = (sum(1 for i in targets if rep.replicated(i)) if targets is not None
+                 else int(rep.covered_seq >= seq))
+            st = rep.statistics()
+            failing = st["failing"]
+            return {"event": "progress", "phase": "replicating", "files": n, "durable": k, "bytes": 0, "done": 0,
+                    "replicated": k, "lag": st["lag"], "bytes_uploaded": st["bytes_uploaded"],
+                    "failing": [],
+                    "last_error": f"replication failing ({failing['cause']}): {failing['message']}" if failing else None}
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait)
+            try:
+                while not done.is_set():
+                    await _send(stream, progress())
+                    with trio.move_on_after(interval):
+                        await done.wait()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+                nursery.cancel_scope.cancel()
+                return False
+        return True
 
     def _failure(self, ino: int | None, e: FsError) -> dict:
         path = None

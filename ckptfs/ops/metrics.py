@@ -35,6 +35,16 @@ Metrics (all prefixed ``ckptfs_``):
     restore_errors_total        failed fetches (checksum mismatches, S3 errors), retried
     restore_generation          the manifest generation being restored
     restore_done                1 once everything restored is local and durable
+
+With --replicate (replicate/replicator.py):
+
+    replication_lag_seconds     how long the oldest durable change not yet in a standing
+                                manifest of the object store has waited
+    replication_bytes_uploaded_total, replication_objects_uploaded_total
+    replication_manifest_generation   the newest manifest's generation
+    replication_errors_total{cause}   failed object-store calls (auth, no-bucket, network,
+                                throttled, server, other, device), each retried with backoff
+    replication_failing         1 while the last call failed (retrying), else 0
 """
 from __future__ import annotations
 
@@ -44,10 +54,10 @@ import math
 log = logging.getLogger("ckptfs.metrics")
 
 
-def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = None) -> dict:
+def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = None, replicator=None) -> dict:
     """One consistent reading of everything exported (call in the trio thread): `Store.statistics()`
     plus the monitor's rates, plus the `sections` of the status (name -> callable) it exports
-    (restore)."""
+    (restore), and the replicator's statistics with --replicate."""
     st = store.statistics()
     rates = monitor.rates(window)
     by_state = {"memory": 0, "draining": 0, "failed": 0}
@@ -78,6 +88,7 @@ def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = No
         "discarded": len(st.recovery.get("discarded", ())),
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
         "restore": sections["restore"]() if sections and "restore" in sections else None,
+        "replication": replicator.statistics() if replicator is not None else None,
     }
 
 
@@ -174,7 +185,31 @@ class StoreCollector:
             out.append(fam)
         if m.get("restore"):
             out.extend(_restore_families(m["restore"]))
+        if m.get("replication") is not None:
+            out.extend(_replication_families(m["replication"]))
         return out
+
+
+def _replication_families(rep: dict) -> list:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    errors = CounterMetricFamily("ckptfs_replication_errors", "Failed object-store calls (retried with backoff).",
+                                 labels=["cause"])
+    for cause in ("auth", "no-bucket", "network", "throttled", "server", "other", "device"):
+        errors.add_metric([cause], rep["errors"].get(cause, 0))
+    return [
+        GaugeMetricFamily("ckptfs_replication_lag_seconds", "Seconds the oldest durable change not yet in a "
+                          "standing manifest of the object store has waited.", value=rep["lag"]),
+        CounterMetricFamily("ckptfs_replication_bytes_uploaded", "File bytes uploaded to the object store.",
+                            value=rep["bytes_uploaded"]),
+        CounterMetricFamily("ckptfs_replication_objects_uploaded", "File versions uploaded to the object store.",
+                            value=rep["objects_uploaded"]),
+        GaugeMetricFamily("ckptfs_replication_manifest_generation", "The newest manifest's generation.",
+                          value=rep["generation"]),
+        GaugeMetricFamily("ckptfs_replication_failing", "1 while object-store calls fail (retrying), else 0.",
+                          value=0 if rep["failing"] is None else 1),
+        errors,
+    ]
 
 
 class MetricsServer:

@@ -59,6 +59,14 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       bytes_total, bytes_restored, bytes_fetched, demand_fetches,
                       files_pending, errors_total, errors [the last causes], last_error,
                       manifest_time, seconds
+    replication       (only with --replicate) target, started, lag (seconds the oldest
+                      durable change not yet in a standing manifest has waited), cycle_running,
+                      bytes_uploaded, objects_uploaded, objects (in the store), generation and
+                      manifest_time (the newest manifest), journal_seq (its state), covered_seq,
+                      manifests_written, objects_deleted, manifests_deleted, keep, rate, memory,
+                      read_from_arena, read_from_devices, errors {cause: count}, errors_total,
+                      failing {cause, message} (the last call failed; retrying) or None,
+                      last_error {cause, message, time}
 """
 from __future__ import annotations
 
@@ -127,7 +135,8 @@ def files_under(ns, ino: int) -> set[int]:
 _ORDER = {FAILED: 0, DRAINING: 1, MEMORY: 2}
 
 
-def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, info: dict | None = None) -> dict:
+def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, info: dict | None = None,
+             replication: dict | None = None) -> dict:
     """The whole status, as JSON-able data (see the docstring: `ckptfs status --json`)."""
     st = store.statistics()
     rates = monitor.rates(window)
@@ -195,4 +204,5 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
         "recovery": st.recovery,
         "all_durable": st.all_durable,
         "last_error": st.last_error,
+        **({"replication": replication} if replication is not None else {}),
     }

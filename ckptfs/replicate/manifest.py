@@ -12,7 +12,10 @@ and CRC-32C), so a file that did not change keeps its key, and a remounted
 daemon can tell which versions a manifest already holds without reading any
 data. A manifest lists every directory, file and symlink with its
 attributes, and for files the content key and the per-chunk CRC-32Cs (a
-restore checks every chunk it fetches). Manifests are numbered by
+restore checks every chunk it fetches): one CRC per `chunk_size` piece of the
+object, ceil(size / chunk_size) of them, computed over the piece's bytes as
+read() returns them (holes and the zeros after a short chunk included; the
+last piece is shorter). The root directory is not an entry. Manifests are numbered by
 `generation`, zero-padded so that the lexically greatest key is the newest;
 a manifest is written only after every object it names is uploaded (the
 prefix rule, docs/SEMANTICS.md), so the newest manifest is always whole.

@@ -1,0 +1,461 @@
+"""The replication service: copy the durable state to an object store, one manifest at a time.
+
+`Replicator.run` is a trio task of the daemon. It never touches the write or
+fsync path: it reads what the journal has made durable (the store's
+`DurableState`) and the devices, and hears of changes through the store's
+`on_commit` hook (`notify`), which only sets an event.
+
+A cycle:
+
+1. **Snapshot.** `snapshot.take` walks the durable state at the current
+   journal sequence number: the manifest (every path, attributes, xattrs;
+   per file a content key and per-chunk CRCs) and the file versions it names.
+   Only the newest durable version of each file is there: versions
+   superseded before the cycle starts are never uploaded.
+2. **Pin.** The device units of the versions whose objects the store does not
+   hold yet get one more allocator reference each, so a newer version cannot
+   be written over them while they are read; released when the cycle ends.
+   A cycle in progress finishes even while the files keep changing (the
+   next cycle takes the newest state), so continuous rewrites cannot starve
+   replication, as `--max-lag` keeps them from starving the journal.
+3. **Upload** the missing objects: one PUT for a file of at most one part,
+   else a multipart upload with parallel parts. Each part is read
+   (source.py: arena or devices, CRC-checked) into a part buffer; the
+   buffers in use or kept for reuse never exceed `--replicate-memory`
+   (a part larger than that, for a file of more than 10,000 usual parts,
+   goes alone); a token
+   bucket caps the bandwidth (`--replicate-rate`); `connections` calls run
+   at once in worker threads.
+4. **Manifest** generation + 1, written only now that every object it names
+   is in the store (the prefix rule, docs/SEMANTICS.md); skipped when the
+   tree is the same as the standing manifest's.
+5. **Collect**: manifests beyond the newest `keep`, then objects that no kept
+   manifest names.
+
+Every object-store call that fails is retried with exponential backoff
+(BACKOFF_MIN .. BACKOFF_MAX seconds) until it succeeds; the failure is
+logged once with its cause (client.py), counted, and shown in status until a
+call succeeds again. At start the service lists the prefix and reads the
+newest manifests, so a remount (after a clean stop or a SIGKILL) uploads
+nothing the store already holds, continues the generations, and aborts
+multipart uploads a killed predecessor left behind.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import time
+from collections import Counter
+
+import trio
+
+from ..errors import FsError
+from ..fs.namespace import ROOT_INO
+from .client import DEVICE, OTHER, NoSuchUpload, S3Error, Target
+from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, collectable, content_key, manifest_generation,
+                       manifest_name, unreferenced)
+from .snapshot import Version, restoring, same_tree, take
+from .source import read_part
+
+log = logging.getLogger("ckptfs.replicate")
+
+PART_SIZE = 8 << 20  # multipart part size (s3transfer's default too)
+MAX_PARTS = 10000  # S3's limit per multipart upload
+DEFAULT_MEMORY = 256 << 20
+DEFAULT_KEEP = 3
+CONNECTIONS = 10  # object-store calls at once (s3transfer's default concurrency)
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 10.0
+SETTLE = 0.05  # seconds a change waits for company before a cycle starts
+
+
+def part_size(size: int, chunk_size: int, base: int = PART_SIZE) -> int:
+    """The part size for an object of `size` bytes: `base` (at least one chunk), grown so that
+    no upload needs more than MAX_PARTS parts; always a whole number of chunks."""
+    part = max(base, chunk_size)
+    part = max(part, math.ceil(size / MAX_PARTS))
+    return -(-part // chunk_size) * chunk_size
+
+
+class _Body:
+    """A read-only file object over a memoryview, for boto3 (no copy of the part)."""
+
+    def __init__(self, view: memoryview):
+        self.view = view
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
+        out = self.view[self.pos:end]
+        self.pos = end
+        return out
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]
+        self.pos = max(0, min(len(self.view), base + pos))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+class _Throttle:
+    """A token bucket over bytes: `await take(n)` returns once `n` more bytes fit under `rate`/s."""
+
+    def __init__(self, rate: float | None):
+        self.rate = rate
+        self.next = 0.0
+
+    async def take(self, n: int) -> None:
+        if not self.rate:
+            return
+        now = trio.current_time()
+        start = max(now, self.next)
+        self.next = start + n / self.rate
+        await trio.sleep_until(start)
+
+
+class Replicator:
+    def __init__(self, store, target: Target, *, rate: float | None = None, keep: int = DEFAULT_KEEP,
+                 memory: int = DEFAULT_MEMORY, part: int = PART_SIZE, connections: int = CONNECTIONS):
+        self.store = store
+        self.target = target
+        self.keep = max(1, keep)
+        self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
+        self.memory = max(memory, self.part)
+        self.throttle = _Throttle(rate)
+        self.rate = rate
+        self.s3_limiter = trio.CapacityLimiter(connections)
+        self.free: list[memoryview] = []  # part buffers of the usual size, kept for the next parts
+        self.held = 0  # bytes of part buffers in use or kept (at most `memory`, but for one huge part)
+        self.in_use = 0
+        self.buffer_lot = trio.lowlevel.ParkingLot()
+        self.changed = trio.Event()  # the durable state changed since the last snapshot
+        self.progress = trio.lowlevel.ParkingLot()  # a manifest stood, or an error came or went
+        self.started = False  # the prefix was listed and the newest manifests read
+        self.objects: set[str] = set()  # objects the store holds (relative keys)
+        self.kept: dict[int, Manifest | None] = {}  # manifests in the store (None: unreadable)
+        self.generation = 0  # the newest manifest's generation
+        self.standing: Manifest | None = None  # the newest manifest (written or found)
+        self.standing_files: dict[int, str] = {}  # ino -> object in the standing manifest
+        self.standing_dirs: set[int] = set()
+        self.covered_seq = -1  # the journal sequence number the standing manifest's tree holds
+        # monotonic time of the oldest change not snapshotted: at start, whatever the journal holds
+        # may not be replicated yet (a killed predecessor), so the lag counts from the start
+        self.pending_since: float | None = time.monotonic()
+        self.cycle_since: float | None = None  # ... of the oldest change the running cycle covers
+        self.cycle_running = False
+        self.last_manifest_time: float | None = None  # wall-clock time it was written
+        self.bytes_uploaded = 0
+        self.objects_uploaded = 0
+        self.manifests_written = 0
+        self.objects_deleted = 0
+        self.manifests_deleted = 0
+        self.read_from = Counter()  # bytes read for uploads: arena, device
+        self.errors: Counter = Counter()  # failed calls by cause
+        self.failing: S3Error | None = None  # the last call failed with this (until one succeeds)
+        self.last_error: dict | None = None  # {cause, message, time}
+
+    # ---- hooks ------------------------------------------------------------------
+    def notify(self, batch) -> None:
+        """The store's on_commit hook: a batch reached the journal."""
+        if any(not p.void for p in batch):
+            if self.pending_since is None:
+                self.pending_since = time.monotonic()
+            self.changed.set()
+
+    # ---- queries ------------------------------------------------------------------
+    def durable_key(self, ino: int) -> str | None:
+        """The content key of the durable version of regular file `ino` (None: not a durable file)."""
+        durable = self.store.durable
+        inode = durable.ns.inodes.get(ino)
+        if inode is None or not inode.is_reg:
+            return None
+        chunks = [(e.length, e.crc) for _, e in sorted(durable.files.get(ino, {}).items())]
+        return content_key(ino, inode.mtime_ns, inode.size, chunks)
+
+    def replicated(self, ino: int) -> bool:
+        """Is the durable version of `ino` named in the standing manifest? (Folders: is it named.)"""
+        if ino in self.standing_dirs or (ino == ROOT_INO and self.standing is not None):
+            return True
+        key = self.standing_files.get(ino)
+        return key is not None and key == self.durable_key(ino)
+
+    def lag(self) -> float:
+        """Seconds the oldest durable change not yet in a standing manifest has waited."""
+        since = [t for t in (self.cycle_since, self.pending_since) if t is not None]
+        return time.monotonic() - min(since) if since else 0.0
+
+    def statistics(self) -> dict:
+        """The replication block of `ckptfs status` (and the metrics)."""
+        return {
+            "target": str(self.target), "started": self.started, "lag": round(self.lag(), 3),
+            "cycle_running": self.cycle_running, "bytes_uploaded": self.bytes_uploaded,
+            "objects_uploaded": self.objects_uploaded, "objects": len(self.objects),
+            "manifests_written": self.manifests_written, "objects_deleted": self.objects_deleted,
+            "manifests_deleted": self.manifests_deleted, "generation": self.generation,
+            "manifest_time": self.last_manifest_time,
+            "journal_seq": self.standing.journal_seq if self.standing is not None else None,
+            "covered_seq": self.covered_seq, "keep": self.keep, "rate": self.rate, "memory": self.memory,
+            "read_from_arena": self.read_from["arena"], "read_from_devices": self.read_from["device"],
+            "errors": dict(self.errors), "errors_total": sum(self.errors.values()),
+            "failing": None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing)},
+            "last_error": self.last_error,
+        }
+
+    # ---- waiting -------------------------------------------------------------------
+    async def wait_covered(self, seq: int) -> None:
+        """Return once a standing manifest holds the durable state of journal frame `seq` or later."""
+        while self.covered_seq < seq:
+            await self.progress.park()
+
+    async def wait_files(self, inos: list[int]) -> None:
+        """Return once each of `inos` is replicated or gone."""
+        while not all(self.replicated(i) or i not in self.store.durable.ns.inodes for i in inos):
+            await self.progress.park()
+
+    # ---- the service ------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await self._guarded(self._start)
+        while True:
+            await self._guarded(self._cycle)
+            await self.changed.wait()
+            await trio.sleep(SETTLE)
+
+    async def _guarded(self, step) -> None:
+        """Run `step` until it completes; a bug is logged and retried, never takes the daemon down."""
+        delay = BACKOFF_MIN
+        while True:
+            try:
+                return await step()
+            except Exception as e:  # noqa: BLE001 - the mount must keep serving whatever replication does
+                log.exception("unexpected error in replication")
+                self._failed(S3Error(OTHER, f"internal error: {type(e).__name__}: {e}"))
+                self.cycle_running = False
+                if self.cycle_since is not None:  # the change is still not replicated
+                    self.pending_since = min(self.cycle_since, self.pending_since or self.cycle_since)
+                    self.cycle_since = None
+                await trio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+
+    async def finish(self, timeout: float) -> bool:
+        """At unmount: wait (at most `timeout` s) until the final durable state is replicated; False
+        when it is not (the object store fails, or is too slow)."""
+        if not self.started or self.failing is not None:
+            return False
+        with trio.move_on_after(timeout):
+            await self.wait_covered(self.store.committer.seq)
+            return True
+        return False
+
+    async def _start(self) -> None:
+        """List the prefix, read the newest manifests, abort uploads a killed daemon left."""
+        listing = await self._s3(self.target.list, "")
+        self.objects = {k for k in listing if k.startswith(OBJECTS)}
+        gens = sorted(g for g in (manifest_generation(k) for k in listing) if g is not None)
+        self.generation = gens[-1] if gens else 0
+        for g in gens:
+            self.kept[g] = None
+        for g in gens[-self.keep:]:
+            try:
+                self.kept[g] = Manifest.decode(await self._s3(self.target.get, manifest_name(g)), manifest_name(g))
+            except BadManifest as e:
+                log.warning("replicate.bad_manifest", extra={"fields": {"manifest": manifest_name(g), "error": str(e)}})
+        newest = self.kept.get(self.generation)
+        if newest is not None:
+            self._stand(newest, seq=-1)
+            self.last_manifest_time = newest.time_ns / 1e9
+        try:
+            stale = await trio.to_thread.run_sync(self.target.list_uploads, OBJECTS, abandon_on_cancel=True)
+            for key, upload_id in stale:
+                await trio.to_thread.run_sync(self.target.abort_upload, key, upload_id, abandon_on_cancel=True)
+        except S3Error as e:  # not every store lists uploads; they expire or are collected anyway
+            log.info("replicate.stale_uploads_kept", extra={"fields": {"error": str(e)}})
+        self.started = True
+        log.info("replicate.started", extra={"fields": {
+            "target": str(self.target), "objects": len(self.objects), "generation": self.generation}})
+
+    def _stand(self, manifest: Manifest, seq: int) -> None:
+        self.standing = manifest
+        self.standing_files = {e.ino: e.object for e in manifest.entries if e.object}
+        self.standing_dirs = {e.ino for e in manifest.entries if (e.mode & 0o170000) == 0o040000}
+        self.covered_seq = seq
+
+    async def _cycle(self) -> None:
+        store = self.store
+        self.changed = trio.Event()
+        if restoring(store.durable):  # retried at the next commit (the restore commits its progress)
+            return
+        self.cycle_since, self.pending_since = self.pending_since, None
+        self.cycle_running = True
+        seq = store.committer.seq
+        manifest, versions = take(store.durable, pool=store.sbs[0].pool_id.hex(), seq=seq,
+                                  chunk_size=store.chunk_size, time_ns=time.time_ns(),
+                                  generation=self.generation + 1)
+        missing = [v for k, v in versions.items() if k not in self.objects]
+        units = [u for v in missing for u in v.units()]
+        for dev, unit in units:
+            store.alloc.claim(dev, unit)  # pinned: not reused while we read them
+        try:
+            async with trio.open_nursery() as nursery:
+                objects = trio.CapacityLimiter(max(1, min(self.memory // self.part, 16)))
+                for v in missing:
+                    nursery.start_soon(self._upload, v, objects)
+        finally:
+            for dev, unit in units:
+                store.alloc.release(dev, unit)
+            store.wake()
+        if self.standing is None or not same_tree(manifest, self.standing):
+            name = manifest_name(manifest.generation)
+            await self._s3(self.target.put, name, manifest.encode())
+            self.generation = manifest.generation
+            self.kept[manifest.generation] = manifest
+            self.manifests_written += 1
+            self.last_manifest_time = time.time()
+            log.info("replicate.manifest", extra={"fields": {
+                "generation": manifest.generation, "journal_seq": seq, "entries": len(manifest.entries),
+                "uploaded": len(missing)}})
+            self._stand(manifest, seq)
+        else:
+            self.covered_seq = seq
+        self.cycle_since = None
+        self.cycle_running = False
+        self.progress.unpark_all()
+        await self._collect()
+
+    async def _collect(self) -> None:
+        """Delete manifests beyond the newest `keep`, then objects no kept manifest names."""
+        drop = collectable(list(self.kept), self.keep)
+        if drop:
+            await self._s3(self.target.delete, [manifest_name(g) for g in drop])
+            for g in drop:
+                del self.kept[g]
+            self.manifests_deleted += len(drop)
+        kept = [m for m in self.kept.values() if m is not None]
+        garbage = sorted(unreferenced(self.objects, kept))
+        if garbage:
+            await self._s3(self.target.delete, garbage)
+            self.objects.difference_update(garbage)
+            self.objects_deleted += len(garbage)
+
+    # ---- uploads -------------------------------------------------------------------------
+    async def _upload(self, v: Version, objects: trio.CapacityLimiter) -> None:
+        async with objects:
+            part = part_size(v.size, self.store.chunk_size, self.part)
+            nparts = max(1, -(-v.size // part))
+            while True:
+                try:
+                    if nparts == 1:
+                        await self._put_small(v, part)
+                    else:
+                        await self._put_multipart(v, nparts, part)
+                    break
+                except NoSuchUpload as e:
+                    self._failed(e)  # the store lost it (restarted?): upload the object again
+        self.objects.add(v.key)
+        self.objects_uploaded += 1
+
+    async def _put_small(self, v: Version, size: int) -> None:
+        buf = await self._buffer(size)
+        try:
+            n = await self._read(v, 0, buf)
+            await self.throttle.take(n)
+            await self._s3(self.target.put, v.key, _Body(buf[:n]))
+            self.bytes_uploaded += n
+        finally:
+            self._give_back(buf)
+
+    async def _put_multipart(self, v: Version, nparts: int, size: int) -> None:
+        upload_id = await self._s3(self.target.create_upload, v.key)
+        etags: list[str | None] = [None] * nparts
+
+        async def part(i: int) -> None:
+            buf = await self._buffer(size)
+            try:
+                n = await self._read(v, i * size, buf)
+                await self.throttle.take(n)
+                etags[i] = await self._s3(self.target.upload_part, v.key, upload_id, i + 1, _Body(buf[:n]))
+                self.bytes_uploaded += n
+            finally:
+                self._give_back(buf)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(nparts):
+                    nursery.start_soon(part, i)
+            await self._s3(self.target.complete_upload, v.key, upload_id, etags)
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:  # best effort: leave no parts behind (a later start aborts what is left)
+                    await trio.to_thread.run_sync(self.target.abort_upload, self.target.key(v.key), upload_id,
+                                                  abandon_on_cancel=True)
+                except S3Error:
+                    pass
+            raise
+
+    async def _read(self, v: Version, offset: int, buf: memoryview) -> int:
+        """Read a part, retrying device errors with the same backoff as the store's calls."""
+        delay = BACKOFF_MIN
+        while True:
+            try:
+                return await read_part(self.store, v, offset, buf, self.read_from)
+            except FsError as e:
+                self._failed(S3Error(DEVICE, f"reading inode {v.ino} for upload: {e}"))
+                await trio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+
+    async def _buffer(self, size: int) -> memoryview:
+        """A page-aligned part buffer of `size` bytes, once the memory budget has room for it (a
+        part larger than the whole budget waits until nothing else is in flight)."""
+        while True:
+            if size == self.part and self.free:
+                self.in_use += size
+                return self.free.pop()
+            if self.in_use + size <= self.memory or self.in_use == 0:
+                while self.free and self.held + size > self.memory:
+                    self.free.pop()  # unmapped once unreferenced
+                    self.held -= self.part
+                self.held += size
+                self.in_use += size
+                return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+            await self.buffer_lot.park()
+
+    def _give_back(self, buf: memoryview) -> None:
+        self.in_use -= len(buf)
+        if len(buf) == self.part and self.held <= self.memory:
+            self.free.append(buf)
+        else:
+            self.held -= len(buf)
+        self.buffer_lot.unpark_all()
+
+    # ---- calls and their failures ------------------------------------------------------------
+    async def _s3(self, fn, *args):
+        """`fn(*args)` in a worker thread; a failure is reported, then retried with backoff (forever)."""
+        delay = BACKOFF_MIN
+        while True:
+            try:
+                result = await trio.to_thread.run_sync(fn, *args, limiter=self.s3_limiter, abandon_on_cancel=True)
+            except NoSuchUpload:
+                raise
+            except S3Error as e:
+                self._failed(e)
+                await trio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+                continue
+            if self.failing is not None:
+                log.info("replicate.recovered", extra={"fields": {"target": str(self.target)}})
+                self.failing = None
+                self.progress.unpark_all()
+            return result
+
+    def _failed(self, e: S3Error) -> None:
+        self.errors[e.cause] += 1
+        self.last_error = {"cause": e.cause, "message": str(e), "time": time.time()}
+        if self.failing is None or self.failing.cause != e.cause:  # once per failure, not per retry
+            log.error("replicate.failed", extra={"fields": {"cause": e.cause, "error": str(e), "retry": "with backoff"}})
+        self.failing = e
+        self.progress.unpark_all()

@@ -1,0 +1,132 @@
+"""Replication without an object store: snapshots of the durable state, per-piece CRCs, GC (pure).
+
+`snapshot.take` must describe exactly the durable tree (parents before children, hard links
+sharing one object, symlinks, xattrs), name each file version by a content key that changes
+with its contents and only then, and give CRCs that match the bytes a restore would fetch
+(holes and short chunks read as zeros). `collectable`/`unreferenced` keep the newest K
+manifests and every object they name.
+"""
+import stat
+
+import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptfs.format.records import Extent
+from ckptfs.fs.namespace import ROOT_INO
+from ckptfs.replicate.manifest import Entry, Manifest, collectable, parse_url, unreferenced
+from ckptfs.replicate.replicator import MAX_PARTS, part_size
+from ckptfs.replicate.snapshot import piece_crcs, same_tree, take
+from ckptfs.store.allocator import Allocator
+from ckptfs.store.durable import DurableState
+
+CHUNK = 4096
+REG, DIR, LNK = stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755, stat.S_IFLNK | 0o777
+
+
+def fresh() -> DurableState:
+    s = DurableState(Allocator([64, 64]))
+    s.apply(("begin", 1, ROOT_INO + 1))
+    s.apply(("attrs", ROOT_INO, DIR, 0, 0, 0, 0, 0))
+    s.apply(("snapend",))
+    return s
+
+
+def content(s: DurableState, ino: int, data: bytes, mtime: int, start_unit: int, holes=()) -> None:
+    exts = []
+    for i in range(0, len(data), CHUNK):
+        idx = i // CHUNK
+        piece = data[i:i + CHUNK].rstrip(b"\0") if idx in holes else data[i:i + CHUNK]
+        if idx in holes and not piece:
+            continue
+        exts.append((idx, Extent(idx % 2, start_unit + idx, len(piece), crc32c.crc32c(piece))))
+    s.apply(("content", ino, len(data), mtime, mtime, exts))
+
+
+def tree() -> DurableState:
+    s = fresh()
+    s.apply(("make", ROOT_INO, b"d", DIR, 1, 2, 0, b"", 2, 10))
+    s.apply(("make", 2, b"f", REG, 3, 4, 0, b"", 3, 11))
+    content(s, 3, b"x" * 10000, 12, 0)
+    s.apply(("link", 3, ROOT_INO, b"f2", 13))
+    s.apply(("make", ROOT_INO, b"l", LNK, 0, 0, 0, b"d/f", 4, 14))
+    s.apply(("setxattr", 3, b"user.a", b"1"))
+    s.apply(("make", 2, b"e", DIR, 0, 0, 0, b"", 5, 15))
+    s.apply(("make", 5, b"empty", REG, 0, 0, 0, b"", 6, 16))
+    return s
+
+
+def test_snapshot_lists_the_durable_tree_parents_first_with_one_object_per_version():
+    s = tree()
+    m, versions = take(s, pool="p", seq=7, chunk_size=CHUNK, time_ns=1, generation=3)
+    paths = [e.path for e in m.entries]
+    assert set(paths) == {"d", "f2", "l", "d/f", "d/e", "d/e/empty"}
+    for e in m.entries:
+        parent = e.path.rpartition("/")[0]
+        assert parent == "" or paths.index(parent) < paths.index(e.path)
+    by = {e.path: e for e in m.entries}
+    assert by["d/f"].object == by["f2"].object and by["d/f"].ino == by["f2"].ino == 3
+    assert by["d/f"].xattrs == {b"user.a": b"1"} and by["d/f"].size == 10000
+    assert by["l"].target == b"d/f" and not by["l"].object
+    assert by["d/e/empty"].size == 0 and by["d/e/empty"].crcs == []
+    assert len(versions) == 2 and m.objects() == set(versions)
+    assert (m.generation, m.journal_seq, m.pool, m.chunk_size) == (3, 7, "p", CHUNK)
+    assert Manifest.decode(m.encode()).encode() == m.encode()
+
+
+def test_content_key_changes_with_the_contents_and_only_then():
+    s = tree()
+    m1, _ = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1)
+    s.apply(("setattr", 3, 0o600, None, None, None, None, 20))  # a chmod: same object
+    m2, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
+    f = lambda m: {e.path: e.object for e in m.entries}["d/f"]  # noqa: E731
+    assert f(m1) == f(m2) and not same_tree(m1, m2)
+    content(s, 3, b"y" * 10000, 12, 20)  # new contents, even with the same size and mtime
+    m3, versions = take(s, pool="p", seq=3, chunk_size=CHUNK, time_ns=3)
+    assert f(m3) != f(m2) and f(m3) in versions
+    m4, _ = take(s, pool="p", seq=4, chunk_size=CHUNK, time_ns=4, generation=9)
+    assert same_tree(m3, m4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 5 * CHUNK), st.sets(st.integers(0, 5)), st.integers(0, 255))
+def test_piece_crcs_match_the_bytes_a_restore_reads(size, holes, fill):
+    data = bytearray(bytes([fill or 1]) * size)
+    for idx in holes:  # a hole, or a chunk whose tail is zeros (a short extent)
+        start = idx * CHUNK + (CHUNK // 3 if idx % 2 else 0)
+        data[start:(idx + 1) * CHUNK] = bytes(max(0, min(size, (idx + 1) * CHUNK) - start))
+    s = fresh()
+    s.apply(("make", ROOT_INO, b"f", REG, 0, 0, 0, b"", 2, 1))
+    content(s, 2, bytes(data), 1, 0, holes=holes)
+    crcs = piece_crcs(size, CHUNK, s.files[2])
+    want = [crc32c.crc32c(bytes(data[i:i + CHUNK])) for i in range(0, size, CHUNK)]
+    assert crcs == want
+
+
+def test_gc_keeps_the_newest_manifests_and_what_they_name():
+    def manifest(gen, objs):
+        return Manifest(gen, "p", gen, gen, CHUNK,
+                        [Entry(f"f{i}", REG, 0, 0, 0, ino=i, object=o) for i, o in enumerate(objs)])
+    kept = [manifest(4, ["objects/a", "objects/b"]), manifest(5, ["objects/b", "objects/c"])]
+    assert collectable([1, 5, 3, 4], 2) == [1, 3]
+    assert collectable([4, 5], 2) == [] and collectable([5], 3) == []
+    assert unreferenced({"objects/a", "objects/b", "objects/c", "objects/old"}, kept) == {"objects/old"}
+    assert unreferenced({"objects/x"}, []) == {"objects/x"}
+
+
+def test_part_size_is_whole_chunks_and_fits_the_part_limit():
+    assert part_size(0, 1 << 20) == 8 << 20
+    assert part_size(0, 16 << 20) == 16 << 20
+    big = 200 << 30
+    p = part_size(big, 1 << 20)
+    assert p % (1 << 20) == 0 and -(-big // p) <= MAX_PARTS
+
+
+def test_urls():
+    assert str(parse_url("s3://bkt/a/b/")) == "s3://bkt/a/b/"
+    for bad in ("http://bkt/x", "s3://B/x", "s3://bkt/a//b", "s3://bkt/../x"):
+        try:
+            parse_url(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} parsed")
