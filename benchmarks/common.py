@@ -57,6 +57,24 @@ def case_args(doc: str, argv: list[str] | None, *, size: str, memory: str, scrat
     return ap.parse_args(argv)
 
 
+def run_together(target, argsets: list[tuple], method: str = "fork", timeout: float = 900) -> list:
+    """One process per argument tuple, each called as target(*args, barrier, out), all released by
+    one barrier; what each put on `out`, once they have all exited (any failure stops the case)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    barrier, out = ctx.Barrier(len(argsets)), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, out)) for args in argsets]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=timeout) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"{target.__name__} process failed ({p.exitcode})")
+    return results
+
+
 def ckptfs(*args: str, timeout: float = 900) -> None:
     res = subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True, text=True,
                          timeout=timeout)

@@ -22,7 +22,6 @@ daemon's CPU seconds per GiB served.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import shutil
 import sys
 import time
@@ -31,7 +30,8 @@ from pathlib import Path
 import torch
 
 from common import (SCRATCH, GiB, MiB, drop_caches, file_devices, finish, fsync_path, machine, mounted, now,
-                    pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, stats, target)
+                    pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, run_together, stats,
+                    target)
 
 READ_BLOCK = 64 * MiB
 EXT4 = "ext4"
@@ -68,17 +68,8 @@ def _reader(what: str, path: str, seed: int | None, size: int, barrier, out) -> 
 
 def timed(what: str, directory: Path, n: int, size: int, check: bool) -> float:
     """n processes at once each load (or read) shard i of `directory`: seconds from first start to last end."""
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(what, str(directory / f"shard{i}.pt"), i if check else None, size,
-                                               barrier, out)) for i in range(n)]
-    for p in procs:
-        p.start()
-    spans = [out.get(timeout=900) for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise SystemExit(f"reader process failed ({p.exitcode})")
+    spans = run_together(_reader, [(what, str(directory / f"shard{i}.pt"), i if check else None, size)
+                                   for i in range(n)], method="spawn")
     return max(e for _, e in spans) - min(s for s, _ in spans)
 
 

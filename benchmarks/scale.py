@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing as mp
 import os
 import resource
 import sys
@@ -31,8 +30,8 @@ import time
 from pathlib import Path
 
 from common import (SCRATCH, GiB, MiB, clear_dir, file_devices, finish, human_rate, machine, mounted, now,
-                    pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, shm_dir, stats,
-                    sync_mount, target, write_bytes)
+                    pairwise, parse_size, proc_cpu_seconds, random_state_dict, rotated, run_together, shm_dir,
+                    stats, sync_mount, target, write_bytes)
 from drain import QUEUE_DEPTH, measure
 
 BLOCK = 64 * MiB
@@ -60,17 +59,7 @@ def _writer(path: str, total: int, saver: str, barrier, out) -> None:
 
 def absorb_once(directory: Path, n: int, per_writer: int, saver: str) -> tuple[float, float, int]:
     """n concurrent savers into `directory`: (aggregate bytes/s, writers' CPU seconds, bytes saved)."""
-    ctx = mp.get_context("fork")
-    barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(str(directory / f"w{i}.bin"), per_writer, saver, barrier, out))
-             for i in range(n)]
-    for p in procs:
-        p.start()
-    runs = [out.get(timeout=900) for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise SystemExit(f"writer process failed ({p.exitcode})")
+    runs = run_together(_writer, [(str(directory / f"w{i}.bin"), per_writer, saver) for i in range(n)])
     saved = sum(r[3] for r in runs)
     return saved / (max(r[1] for r in runs) - min(r[0] for r in runs)), sum(r[2] for r in runs), saved
 
