@@ -14,7 +14,10 @@ step time. Configurations, rotated every round:
   ext4_fsync   torch.save to ext4 + fsync (durable before training continues);
   dcp_async    dcp.async_save (DefaultStager, FileSystemWriter thread_count=4) as the DCP
                docs use it: wait for the previous upload before a new save, and for
-               staging before the next optimizer.step() touches the weights.
+               staging before the next optimizer.step() touches the weights;
+  ckptfs_s3    (with --replicate) torch.save to a second mount that also replicates to a
+               real S3 server on this machine (SeaweedFS, tests/s3server.py): what
+               replication costs the trainer, next to `ckptfs` (issue 13: within noise).
 
 Overhead = mean step time - the same round's baseline; ratios to the /dev/shm
 floor are taken round by round. Target: with a checkpoint every step, the
@@ -30,6 +33,7 @@ pending; /dev/shm keeps nothing (not reported).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -48,7 +52,9 @@ from train import batch, build_model  # noqa: E402 - the example's own model and
 
 SYSTEMS = ["shm", "ckptfs", "ext4_fsync", "dcp_async"]
 LABELS = {"none": "no checkpoint", "shm": "torch.save → /dev/shm", "ckptfs": "torch.save → ckptfs",
-          "ext4_fsync": "torch.save → ext4 + fsync", "dcp_async": "dcp.async_save → ext4"}
+          "ext4_fsync": "torch.save → ext4 + fsync", "dcp_async": "dcp.async_save → ext4",
+          "ckptfs_s3": "torch.save → ckptfs --replicate s3://"}
+CKPTFS = ("ckptfs", "ckptfs_s3")  # the systems that are ckptfs mounts
 
 
 class Saver:
@@ -63,7 +69,7 @@ class Saver:
         self.saved_at: list[float] = []  # when each save returned (time.monotonic)
         self.ages: list[float] = []  # sampled before each save: age of the newest durable checkpoint
         self.control = None
-        if kind == "ckptfs":
+        if kind in CKPTFS:
             from ckptfs.ops.control import Client, control_path
             self.control = Client(control_path(str(self.dir)))
 
@@ -74,7 +80,7 @@ class Saver:
         elif self.kind == "dcp_async":
             done = self.pending is None or self.pending.upload_completion.done()
             newest = self.saved_at[-1 if done else -2] if len(self.saved_at) >= (1 if done else 2) else None
-        elif self.kind == "ckptfs":
+        elif self.kind in CKPTFS:
             lag = self.control.request({"op": "lag"})["lag"]
             committed = [t for t in self.saved_at if t <= now - lag] if lag > 0 else self.saved_at
             newest = committed[-1] if committed else None
@@ -89,7 +95,7 @@ class Saver:
         self.saved_at.append(time.monotonic())
 
     def _save(self, state: dict) -> None:
-        if self.kind in ("shm", "ckptfs"):
+        if self.kind in ("shm", *CKPTFS):
             torch.save(state, self.dir / "ckpt.pt")
         elif self.kind == "ext4_fsync":
             torch.save(state, self.dir / "ckpt.pt")
@@ -119,6 +125,22 @@ class Saver:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
+
+
+@contextlib.contextmanager
+def s3_target(scratch: Path):
+    """A fresh local S3 server with a bucket; yields the mount options that replicate to it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from s3server import S3Server
+    shutil.rmtree(scratch / "s3", ignore_errors=True)
+    srv = S3Server(scratch / "s3")
+    srv.start()
+    os.environ.update(srv.env())
+    try:
+        srv.client().create_bucket(Bucket="training")
+        yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint)
+    finally:
+        srv.stop()
 
 
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
@@ -160,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--memory", default="3G")
     ap.add_argument("--max-lag", default=None, help="ckptfs --max-lag (default: ckptfs's own)")
+    ap.add_argument("--replicate", action="store_true",
+                    help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
     ap.add_argument("--scratch", type=Path, default=SCRATCH / "training")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
     everies = [int(x) for x in args.every.split(",")]
-    systems = [s for s in args.systems.split(",") if s]
+    systems = [s for s in args.systems.split(",") if s] + (["ckptfs_s3"] if args.replicate else [])
 
     def steps_for(every: int) -> int:  # every-10 runs 20 steps: two saves, each followed by 9 steps
         return max(args.steps, 2 * every)
@@ -179,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(ext4, ignore_errors=True)
     ext4.mkdir()
     devices = file_devices(scratch / "devices", 2, 8 * GiB)
+    devices_s3 = file_devices(scratch / "devices-s3", 2, 8 * GiB) if "ckptfs_s3" in systems else []
     configs = [("none", 0)] + [(s, e) for s in systems for e in everies]
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     cpus: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in configs}
@@ -188,9 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     try:
         extra = ("--max-lag", args.max_lag) if args.max_lag else ()
-        with shm_dir("training") as shm, mounted(scratch / "mnt", devices, args.memory, extra=extra,
-                                                 log_file=scratch / "daemon.log") as pid:
-            dirs = {"shm": shm, "ckptfs": scratch / "mnt", "ext4_fsync": ext4, "dcp_async": ext4}
+        with contextlib.ExitStack() as stack:
+            shm = stack.enter_context(shm_dir("training"))
+            pid = stack.enter_context(mounted(scratch / "mnt", devices, args.memory, extra=extra,
+                                              log_file=scratch / "daemon.log"))
+            pids = {"ckptfs": pid}
+            dirs = {"shm": shm, "ckptfs": scratch / "mnt", "ext4_fsync": ext4, "dcp_async": ext4,
+                    "ckptfs_s3": scratch / "mnt-s3"}
+            if "ckptfs_s3" in systems:
+                pids["ckptfs_s3"] = stack.enter_context(mounted(
+                    dirs["ckptfs_s3"], devices_s3, args.memory, log_file=scratch / "daemon-s3.log",
+                    extra=(*extra, *stack.enter_context(s3_target(scratch)))))
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
             run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
@@ -201,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     saver = None if kind == "none" else Saver(kind, dirs)
                     n = steps_for(every) if kind != "none" else args.steps
                     dt, cpu, dcpu = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size, args.width,
-                                        step, pid)
+                                        step, pids.get(kind, pid))
                     step += args.warmup + n
                     times[(kind, every)].append(dt)
                     cpus[(kind, every)].append((cpu, dcpu))
@@ -209,13 +242,13 @@ def main(argv: list[str] | None = None) -> int:
                         ages[(kind, every)] += saver.ages
                     print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step "
                           f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms)", flush=True)
-                    if kind == "ckptfs":
-                        sync_mount(scratch / "mnt")  # let the drain finish before the next run
-                    for d in (shm, scratch / "mnt", ext4):
+                    if kind in pids:
+                        sync_mount(dirs[kind])  # let the drain finish before the next run
+                    for d in (shm, ext4, *(dirs[k] for k in pids)):
                         clear_dir(d)
     finally:
         shutil.rmtree(ext4, ignore_errors=True)
-        for d in devices:
+        for d in (*devices, *devices_s3):
             d.unlink(missing_ok=True)
 
     base = times[("none", 0)]
@@ -248,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             if pairs:
                 ratios[f"overhead_{kind}_over_shm@{every}"] = pairwise(*map(list, zip(*pairs))) | {
                     "rounds_dropped": len(base) - len(pairs)}
+    if "ckptfs" in systems and "ckptfs_s3" in systems:  # what replication costs the trainer
+        for every in everies:
+            r = ratios[f"step_ckptfs_s3_over_ckptfs@{every}"] = pairwise(times[("ckptfs_s3", every)],
+                                                                         times[("ckptfs", every)])
+            tgts.append(target(f"training, checkpoint every {every} step(s): step time with --replicate / without",
+                               r["median"], 1.1, note="issue 13: within noise"))
     key = "overhead_ckptfs_over_shm@1"
     if "ckptfs" in systems and "shm" in systems and 1 in everies:
         if key in ratios:
