@@ -179,9 +179,12 @@ def test_server_killed_mid_upload_resumes_and_no_manifest_is_torn(tmp_path, s3, 
     client = s3.client()
     killed = False
     try:
+        first = os.urandom(MiB + 7)
+        (m.path / "first.bin").write_bytes(first)
+        assert ckptfs("wait", "--replicated", str(m.path / "first.bin"), timeout=120).returncode == 0
         big = os.urandom(48 * MiB + 5)
         (m.path / "big.bin").write_bytes(big)
-        poll(lambda: replication(m)["bytes_uploaded"] > 0, "the upload to start", timeout=60)
+        poll(lambda: replication(m)["bytes_uploaded"] > 1 * MiB + 7, "the upload to start", timeout=60)
         s3.kill()
         killed = True
         poll(lambda: replication(m)["failing"], "the failure to show in status", timeout=60)
@@ -197,6 +200,21 @@ def test_server_killed_mid_upload_resumes_and_no_manifest_is_torn(tmp_path, s3, 
         assert res.returncode == 124 and "network" in res.stderr, res.stderr
         s3.start()
         killed = False
+        # a restore taken now, while the interrupted upload is not in any manifest, sees a whole state
+        # the filesystem passed through: the newest manifest standing when it starts, or a newer one
+        standing = max(manifests(client, bucket))
+        r = CkptMount(tmp_path / "restored", memory="256M")
+        r.mount("--restore-from", f"s3://{bucket}/node0", "--s3-endpoint", s3.endpoint)
+        try:
+            restored = json.loads(ckptfs("status", "--json", str(r.path), check=True).stdout)["restore"]
+            assert restored["generation"] >= standing
+            seen = check_complete(client, bucket, manifests(client, bucket)[restored["generation"]])
+            assert seen["first.bin"] == first
+            assert sorted(os.listdir(r.path)) == sorted(seen)
+            for name, data in seen.items():
+                assert (r.path / name).read_bytes() == data
+        finally:
+            r.close()
         res = ckptfs("wait", "--replicated", str(m.path), timeout=180)
         assert res.returncode == 0, res.stderr
         assert replication(m)["failing"] is None
@@ -205,7 +223,7 @@ def test_server_killed_mid_upload_resumes_and_no_manifest_is_torn(tmp_path, s3, 
         for gen in sorted(gens):  # every manifest ever written (nothing collected: keep 1000)
             check_complete(client, bucket, gens[gen], cache=cache)
         got = check_complete(client, bucket, gens[max(gens)], cache=cache)
-        assert got["big.bin"] == big and got["during.bin"] == small
+        assert got["big.bin"] == big and got["during.bin"] == small and got["first.bin"] == first
         assert (m.path / "big.bin").read_bytes() == big
     finally:
         if killed:
