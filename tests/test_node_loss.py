@@ -4,7 +4,8 @@ An unchanged training script saves into a replicating mount; once `ckptfs wait
 --replicated` says the newest checkpoint is in the object store, the node is
 "lost" (unmounted, its device files deleted). A replacement node formats fresh
 devices with --restore-from: every file the lost node had is there bit-exact,
-`torch.load` works, and the script resumes from the newest checkpoint.
+`torch.load` works, the script resumes from the newest checkpoint, and the new
+node's checkpoints replicate back to the same prefix.
 """
 import hashlib
 import os
@@ -65,7 +66,8 @@ def test_a_lost_node_comes_back_from_the_object_store_and_training_resumes(tmp_p
         d.unlink()
 
     fresh = CkptMount(tmp_path / "replacement", memory="256M")
-    fresh.mount("--restore-from", url, "--s3-endpoint", s3.endpoint)
+    # the replacement restores from the prefix and replicates back to it once the restore is whole
+    fresh.mount("--restore-from", url, "--s3-endpoint", s3.endpoint, "--replicate", url)
     try:
         sd = torch.load(fresh.path / newest, weights_only=True)  # at once, before the background is done
         assert sd["step"] == int(newest[len("step"):-len(".pt")])
@@ -73,5 +75,9 @@ def test_a_lost_node_comes_back_from_the_object_store_and_training_resumes(tmp_p
         assert os.readlink(fresh.path / "latest-notes") == "notes/run.txt"
         out = train(fresh.path, 10, "--resume")
         assert f"resumed from {fresh.path / newest}" in out, out
+        latest = max(p for p in os.listdir(fresh.path) if p.endswith(".pt"))
+        assert latest > newest
+        res = ckptfs("wait", "--replicated", "--timeout", "180", str(fresh.path / latest))
+        assert res.returncode == 0, res.stderr
     finally:
         fresh.close()
