@@ -4,6 +4,7 @@
     srv.client().create_bucket(Bucket="b")    # a boto3 client with the test credentials
     srv.env()                                 # AWS_* variables for a ckptfs daemon
     srv.kill(); srv.start()                   # SIGKILL and restart on the same ports and data
+                                              # (start() returns once objects read back)
     srv.stop()
 
 `weed mini` runs master, volume, filer and S3 in one process; the data stays in
@@ -24,6 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+PROBE_BUCKET = "ckptfs-probe"  # start() reads an object from here: the server really serves
 ACCESS_KEY = "ckptfs-test"
 SECRET_KEY = "ckptfs-secret-key"
 REGION = "us-east-1"
@@ -59,6 +61,7 @@ class S3Server:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.proc: subprocess.Popen | None = None
+        self._probe_written = False
         self.ports = {name: _free_port_pair() for name in ("s3", "master", "filer", "volume")}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
 
@@ -84,7 +87,7 @@ class S3Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
-            if self._answers():
+            if self._answers() and self._serves():
                 return
             time.sleep(0.2)
         self.kill()
@@ -98,6 +101,24 @@ class S3Server:
         except OSError:
             return False
         return True
+
+    def _serves(self) -> bool:
+        """An object written at the first start reads back: after a restart, the S3 port answers
+        before the volume server has registered with the master again (reads fail with
+        InternalError until it has)."""
+        import botocore.config
+        c = self.client(botocore.config.Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5))
+        try:
+            if not self._probe_written:
+                try:
+                    c.create_bucket(Bucket=PROBE_BUCKET)
+                except c.exceptions.BucketAlreadyOwnedByYou:
+                    pass
+                c.put_object(Bucket=PROBE_BUCKET, Key="probe", Body=b"ready")
+                self._probe_written = True
+            return c.get_object(Bucket=PROBE_BUCKET, Key="probe")["Body"].read() == b"ready"
+        except Exception:  # noqa: BLE001 - not ready yet, whatever the error
+            return False
 
     def kill(self) -> None:
         """SIGKILL the server (the data stays for the next start())."""
@@ -120,7 +141,7 @@ class S3Server:
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                 "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def client(self):
+    def client(self, config=None):
         import boto3
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
+                            aws_secret_access_key=SECRET_KEY, region_name=REGION, config=config)
