@@ -37,13 +37,12 @@ READ_BLOCK = 64 * MiB
 EXT4 = "ext4"
 
 
-def _load(path: Path, seed: int | None, size: int) -> None:
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    if seed is not None:
-        expect = random_state_dict(size, seed=seed)
-        bad = [k for k in expect if not torch.equal(sd[k], expect[k])]
-        if bad or set(sd) != set(expect):
-            raise SystemExit(f"restore: {path} did not load back what was saved ({bad[:3]} ...)")
+def _check(path: Path, sd: dict, seed: int, size: int) -> None:
+    """`sd` (loaded from `path`) is what was saved there: random_state_dict(size, seed)."""
+    expect = random_state_dict(size, seed=seed)
+    bad = [k for k in expect if not torch.equal(sd[k], expect[k])]
+    if bad or set(sd) != set(expect):
+        raise SystemExit(f"restore: {path} did not load back what was saved ({bad[:3]} ...)")
 
 
 def _read(path: Path) -> None:
@@ -57,12 +56,12 @@ def _reader(what: str, path: str, seed: int | None, size: int, barrier, out) -> 
     barrier.wait()
     t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
     if what == "load":
-        _load(Path(path), None, size)
+        sd = torch.load(path, map_location="cpu", weights_only=True)
     else:
         _read(Path(path))
     t1 = time.perf_counter()
-    if what == "load" and seed is not None:  # checked after the clock stops
-        _load(Path(path), seed, size)
+    if what == "load" and seed is not None:  # checked after the clock stops, on what was loaded
+        _check(Path(path), sd, seed, size)
     out.put((t0, t1))
 
 
