@@ -44,6 +44,12 @@ class LoopLock(trio.abc.Instrument):
     twice run once). Callers of `soon` hold `lock`. A thread holding `lock` must never wait
     for the trio thread (`trio.from_thread.run`): the trio thread waits for the lock first.
 
+    Deferred wake-ups: a FUSE worker calls `defer()` before it serves a request and `kick()`
+    once the reply is out (or before it hands the request to the trio thread). Calls it
+    queued meanwhile wake the trio thread only at `kick()`: woken sooner, the trio thread
+    would take the GIL and run the work they start (a journal commit) while the worker still
+    has its reply to write, and the caller would wait for both.
+
     Fairness: a busy trio thread lets go and takes the lock back at once on every pass, and
     would win every race against a thread woken to take it. So a thread that has to wait
     says so (`_waiting`), and the trio thread, coming out of its I/O wait, lets every such
@@ -64,6 +70,7 @@ class LoopLock(trio.abc.Instrument):
         self.acquired = 0  # acquisitions by other threads
         self._waiting = 0  # other threads blocked on the lock now (GUARDED_BY: _turn)
         self._turn = threading.Condition(threading.Lock())
+        self._tls = threading.local()  # .defer: this thread's wake-ups wait for kick(); .kick: one is due
 
     # ---- the trio thread -------------------------------------------------------------
     def install(self) -> None:
@@ -128,7 +135,24 @@ class LoopLock(trio.abc.Instrument):
         first = not self._pending
         self._pending.append((fn, args))
         if first:
-            self._token.run_sync_soon(self._run_pending)
+            if getattr(self._tls, "defer", False):
+                self._tls.kick = True
+            else:
+                self._token.run_sync_soon(self._run_pending)
+
+    def defer(self) -> None:
+        """From now on this thread's `soon` calls wake the trio thread at its next `kick()`."""
+        self._tls.defer = True
+
+    def kick(self) -> None:
+        """Wake the trio thread for the calls this thread queued since `defer()` (if any); this
+        thread's later calls wake it at once again."""
+        self._tls.defer = False
+        if getattr(self._tls, "kick", False):
+            self._tls.kick = False
+            token = self._token
+            if token is not None:
+                token.run_sync_soon(self._run_pending)
 
     def _run_pending(self) -> None:
         pending, self._pending = self._pending, []

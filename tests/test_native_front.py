@@ -2,6 +2,7 @@
 import errno
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +62,39 @@ def _serve(fn, *, loop: bool = False):
 
     trio.run(main)
     return out["result"]
+
+
+def test_a_workers_wake_ups_of_the_trio_thread_wait_for_its_kick():
+    """A worker defers the trio thread's wake-ups until its reply is out (the session's
+    after_reply hook kicks): woken sooner, the trio thread would compete for the GIL with it."""
+    out = {}
+
+    async def main():
+        lock = LoopLock()
+        lock.install()
+        ran = []
+
+        def worker():
+            lock.defer()
+            with lock:
+                lock.soon(ran.append, "deferred")
+            time.sleep(0.05)  # the trio thread is free to run it, but nothing woke it
+            before = list(ran)
+            lock.kick()
+            with lock:  # after kick() a wake-up is immediate again
+                lock.soon(ran.append, "at once")
+            return before
+
+        out["before"] = await trio.to_thread.run_sync(worker)
+        with trio.fail_after(5):
+            while len(ran) < 2:
+                await trio.sleep(0.001)
+        out["ran"] = ran
+        lock.uninstall()
+
+    trio.run(main)
+    assert out["before"] == []
+    assert out["ran"] == ["deferred", "at once"]
 
 
 @pytest.mark.parametrize("loop", [False, True])

@@ -107,6 +107,7 @@ class TrioHandler:
     def _serve(self, op, req, *args, after=None):
         """op(req, *args) under the loop lock, in the kernel's order (then `after()`, still under
         it); its continuation on the trio thread if it must wait."""
+        self.loop.defer()  # wake the trio thread once the reply is out (the session's after_reply)
         try:
             self._turn(req)
             try:
@@ -119,6 +120,7 @@ class TrioHandler:
             finally:
                 self._done(req)  # the next request may go while this one replies, or waits
         except Blocked as b:
+            self.loop.kick()
             return self._on_trio(b.afn, *b.args)
         except FsError:
             raise
@@ -242,7 +244,8 @@ class NativeEngine:
         # chunks on the chunk grid, so they are adopted too (docs/ENGINE.md)
         self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
                                default_permissions=True, want=WANT, max_write=arena.chunk_size,
-                               raise_max_pages=root, write_buffer=self.handler.write_buffer)
+                               raise_max_pages=root, write_buffer=self.handler.write_buffer,
+                               after_reply=None if loop is None else loop.kick)
         self.handler.session = self.session
 
     def start(self) -> None:

@@ -21,8 +21,9 @@ time; None: the worker's own). The buffer must hold `payload_size` bytes.
 Replies go out with ``os.writev(fd, [out_header, *data])``: READ data may be
 views of the arena or of device buffers, never copied here; a result with a
 `release()` method is released once its reply is written (or dropped), so a
-handler can pin what its views show until then. os.readv/os.writev release
-the GIL.
+handler can pin what its views show until then. An `after_reply()` hook runs
+in the worker once a request is over (reply written, results released), e.g.
+to wake other threads only then. os.readv/os.writev release the GIL.
 
 The handler is any object with one method per operation, named by
 `Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
@@ -106,7 +107,7 @@ class Session:
     def __init__(self, handler, mountpoint: str, *, threads: int | None = None, fsname: str = "ckptfs",
                  subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
                  want: int = DEFAULT_WANT, max_write: int | None = None, raise_max_pages: bool = False,
-                 write_buffer=None, use_fusermount: bool | None = None):
+                 write_buffer=None, after_reply=None, use_fusermount: bool | None = None):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
         self.threads = threads or default_threads()
@@ -115,6 +116,7 @@ class Session:
         self.want, self.max_write = want, max_write
         self.raise_max_pages = raise_max_pages
         self.write_buffer = write_buffer
+        self.after_reply = after_reply
         self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
@@ -306,6 +308,8 @@ class Session:
         finally:
             if unique is not None:
                 self.order.done(unique)  # whatever happened to it (a handler may have said so sooner)
+            if self.after_reply is not None:
+                self.after_reply()
 
     def _serve_request(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
         if n < abi.IN_HEADER.size:
