@@ -47,6 +47,9 @@ class JournalCorrupt(Exception):
     pass
 
 
+_FIXED = {k: struct.Struct("<" + k).pack for k in "QqIHB"}
+
+
 def encode_record(rec: tuple) -> bytes:
     op, args = rec[0], rec[1:]
     t, kinds = RECORDS[op]
@@ -54,8 +57,8 @@ def encode_record(rec: tuple) -> bytes:
         raise ValueError(f"{op} takes {len(kinds)} fields, got {len(args)}")
     out = [bytes([t])]
     for k, v in zip(kinds, args):
-        if k in "QqIHB":
-            out.append(struct.pack("<" + k, v))
+        if k in _FIXED:
+            out.append(_FIXED[k](v))
         elif k == "s":
             out.append(struct.pack("<H", len(v)) + bytes(v))
         elif k == "S":

@@ -33,7 +33,7 @@ import errno
 import os
 import stat
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .arena import Arena
@@ -343,7 +343,7 @@ class Filesystem:
         if inode.mode & SETID:
             who = h.caller
             if kill_setid is not None and who is not None:
-                who = replace(who, fsetid=not kill_setid)
+                who = who.with_fsetid(not kill_setid)
             self._drop_setid(inode, who)
         if h.append:
             off = inode.size

@@ -4,8 +4,11 @@ A FUSE request carries the caller's fsuid, fsgid and thread id, but not what
 Linux's rules for set-user-ID and set-group-ID bits also need: whether the
 caller holds CAP_FSETID (then a write keeps the bits) and its supplementary
 groups (a member of the file's group keeps a set-group-ID bit without
-group-execute). `caller()` reads both from /proc/PID/status at open time,
-while the caller is blocked in open(2) and so still there.
+group-execute). `caller()` reads both from /proc/PID/status when a rule
+first needs them: only for a file with a set-user-ID or set-group-ID bit, in
+the open(2) (O_TRUNC) or the write(2) that may clear it, while the caller is
+blocked in that call and so still there. Most files have no such bit: their
+open costs no /proc read (it was a tenth of a small file's create).
 
 Capabilities count only in the daemon's own user namespace: a process that is
 root in a namespace of its own is not privileged over this mount. Where
@@ -19,20 +22,53 @@ Any front end passes a `Caller` to the core (`core.Filesystem.open`,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 CAP_FSETID = 4
 
 
-@dataclass(frozen=True)
 class Caller:
-    uid: int
-    gid: int
-    groups: frozenset[int] = frozenset()
-    fsetid: bool = False  # holds CAP_FSETID in the daemon's user namespace
+    """fsuid, fsgid, supplementary `groups` and `fsetid` (holds CAP_FSETID in the daemon's user
+    namespace). Made by `caller(uid, gid, pid)`, the last two are read from /proc on first use."""
+    __slots__ = ("uid", "gid", "_groups", "_fsetid", "_pid")
+
+    def __init__(self, uid: int, gid: int, groups: frozenset[int] = frozenset(), fsetid: bool = False,
+                 *, pid: int = 0):
+        self.uid, self.gid = uid, gid
+        self._groups, self._fsetid = frozenset(groups), fsetid
+        self._pid = pid  # > 0: groups and fsetid still to be read from /proc/PID/status
+
+    def _resolve(self) -> None:
+        pid, self._pid = self._pid, 0
+        self._groups, self._fsetid = _from_proc(pid, self.uid)
+
+    @property
+    def groups(self) -> frozenset[int]:
+        if self._pid:
+            self._resolve()
+        return self._groups
+
+    @property
+    def fsetid(self) -> bool:
+        if self._pid:
+            self._resolve()
+        return self._fsetid
 
     def in_group(self, gid: int) -> bool:
         return gid == self.gid or gid in self.groups
+
+    def with_fsetid(self, fsetid: bool) -> Caller:
+        return Caller(self.uid, self.gid, self.groups, fsetid)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Caller):
+            return NotImplemented
+        return (self.uid, self.gid, self.groups, self.fsetid) == (other.uid, other.gid, other.groups, other.fsetid)
+
+    def __hash__(self) -> int:
+        return hash((self.uid, self.gid, self.groups, self.fsetid))
+
+    def __repr__(self) -> str:
+        return f"Caller(uid={self.uid}, gid={self.gid}, groups={set(self.groups) or '{}'}, fsetid={self.fsetid})"
 
 
 def _same_user_ns(pid: int) -> bool:
@@ -43,16 +79,19 @@ def _same_user_ns(pid: int) -> bool:
 
 
 def caller(uid: int, gid: int, pid: int) -> Caller:
-    """The credentials of request sender `pid` (fsuid `uid`, fsgid `gid`)."""
-    fallback = Caller(uid, gid, frozenset(), uid == 0)
+    """The credentials of request sender `pid` (fsuid `uid`, fsgid `gid`), read when first needed."""
     if pid <= 0:
-        return fallback
+        return Caller(uid, gid, frozenset(), uid == 0)
+    return Caller(uid, gid, pid=pid)
+
+
+def _from_proc(pid: int, uid: int) -> tuple[frozenset[int], bool]:
+    """(supplementary groups, fsetid) of `pid`; (none, uid 0) when /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
         groups = frozenset(int(g) for g in fields.get("Groups", "").split())
         caps = int(fields["CapEff"].strip(), 16)
     except (OSError, KeyError, ValueError):
-        return fallback
-    fsetid = bool(caps >> CAP_FSETID & 1) and _same_user_ns(pid)
-    return Caller(uid, gid, groups, fsetid)
+        return frozenset(), uid == 0
+    return groups, bool(caps >> CAP_FSETID & 1) and _same_user_ns(pid)

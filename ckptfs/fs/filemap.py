@@ -34,6 +34,7 @@ slots, pinned by `readers` until the reply is out.
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator, Protocol
 
 from .arena import Arena
@@ -145,6 +146,12 @@ class MemoryOwner:
                 chunk.slot = None
 
 
+@functools.cache
+def _zeros(n: int) -> memoryview:
+    """n zero bytes, read-only, shared by every file (holes read as views of them)."""
+    return memoryview(bytes(n))
+
+
 class FileData:
     def __init__(self, owner: ChunkOwner | Arena, ino: int = 0):
         if isinstance(owner, Arena):
@@ -153,7 +160,7 @@ class FileData:
         self.ino = ino
         self._cs = owner.chunk_size
         self.chunks: dict[int, Chunk] = {}
-        self._zeros = memoryview(bytes(self._cs))
+        self._zeros = _zeros(self._cs)
         self.remote = None  # remote.Remote while chunks are still to be restored from elsewhere
 
     @property

@@ -107,6 +107,8 @@ class Committer:
             durable.apply(r)
 
     async def _flush(self, devs: list[int]) -> None:
+        if not devs:
+            return
         self.unflushed.difference_update(devs)
         try:
             await gather([(self._run_on, d, self.host.devices[d].flush) for d in devs])
@@ -122,13 +124,19 @@ class Committer:
             raise
 
     async def _write_all(self, block, offset_of) -> None:
-        """Write `block` on every device at `offset_of(sb)`, then flush them all."""
+        """Write `block` on every device at `offset_of(sb)` and flush each (one thread hop per device:
+        the mirrors need no order among themselves)."""
         buf = aligned_buffer(len(block))
         buf[:len(block)] = block
         view = buf[:len(block)]
-        await gather([(self._run_on, d, self.host.devices[d].pwrite, view, offset_of(sb))
-                      for d, sb in enumerate(self.host.sbs)])
-        await self._flush(list(range(len(self.host.devices))))
+        devs = list(range(len(self.host.devices)))
+        self.unflushed.difference_update(devs)
+        try:
+            await gather([(self._run_on, d, _write_and_flush, self.host.devices[d], view, offset_of(sb))
+                          for d, sb in enumerate(self.host.sbs)])
+        except BaseException:
+            self.unflushed.update(devs)
+            raise
 
     async def _write_journal(self, frame: bytes, offset: int) -> None:
         await self._write_all(frame, lambda sb: sb.half_offset(self.half) + offset)
@@ -167,3 +175,8 @@ class Committer:
                         seq=self.seq, time_ns=time.time_ns())
         await self._write_all(anchor.encode(self.sb.pool_id), lambda sb: anchor.offset)
         self.anchor_gen = gen
+
+
+def _write_and_flush(dev: BlockDevice, view, offset: int) -> None:
+    dev.pwrite(view, offset)
+    dev.flush()
