@@ -17,8 +17,7 @@ today, a native engine later) is a thin 1:1 translation of requests:
 - who is asking: open, create and a size change take the caller
   (`creds.Caller`), which decides whether writes clear set-user-ID bits;
 - virtual extended attributes under ``user.ckptfs.`` (answered by callbacks,
-  never stored: EPERM to set or remove, not listed where the callback says
-  None).
+  never stored: EPERM to set or remove; read by name, never listed).
 
 Every operation that never waits also has a synchronous twin, `x_nowait`
 (trio's convention), for a front end that serves requests in its own threads
@@ -295,8 +294,10 @@ class AsyncFilesystem:
         self.setxattr_nowait(ino, name, value)
 
     def listxattr_nowait(self, ino: int) -> list[bytes]:
-        virtual = [name for name, fn in self.backend.virtual_xattrs.items() if fn(ino) is not None]
-        return self.fs.listxattr(ino) + virtual
+        """The stored attributes only: ckptfs's own are read by name, never listed, so tools that
+        copy every listed attribute (shutil.copystat, cp -a, rsync -X, tar --xattrs) neither try
+        to set them here (two more round trips, then EPERM) nor carry them elsewhere."""
+        return self.fs.listxattr(ino)
 
     async def listxattr(self, ino: int) -> list[bytes]:
         return self.listxattr_nowait(ino)
