@@ -139,6 +139,11 @@ class FaultyDevice:
                     out[s - offset:e - offset] = data[s - off:e - off]
         buf[:] = out
 
+    def preadv_into(self, bufs: list, offset: int) -> None:
+        for b in bufs:
+            self.pread_into(b, offset)
+            offset += len(b)
+
     def pread(self, n: int, offset: int) -> memoryview:
         buf = bytearray(-(-n // BLOCK) * BLOCK)
         self.pread_into(memoryview(buf), offset)

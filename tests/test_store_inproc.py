@@ -166,3 +166,42 @@ def test_counters_add_up_after_random_workloads():
     assert st.bytes_in_memory == 0 and st.files == {}, st  # everything durable: nothing left in memory
     assert st.bytes_absorbed > 0 and st.bytes_drained > 0 and st.bytes_skipped > 0
     d.kill()
+
+
+
+def test_read_ahead_loads_runs_of_units_with_one_read_each_and_verifies_every_chunk():
+    """A sequential reader of an evicted file gets its read-ahead in runs (one preadv per run of
+    consecutive units, drain.FETCH_RUN chunks at most), every chunk checked: a corrupted one in a
+    run is EIO for the read that needs it, its neighbours read fine."""
+    import os
+    import pyfuse3
+    from inproc import CTX
+    cs = 65536
+    devs, d, p = fresh(memory=4 << 20, dev_size=16 << 20)
+    data = random.randbytes(40 * cs)  # 40 chunks, 20 per device
+    p.write_file("/big", data, piece=cs)
+    d.unmount()
+    devs = image_all(devs)
+    d2 = Driver(devs, memory=4 << 20)
+    assert PathOps(d2).read_file("/big") == data
+    reads = sum(x.reads for x in d2.store.stats)
+    assert reads < 40 * 0.6, f"{reads} device reads for 40 chunks: read-ahead did not batch"
+    ext = d2.store.ns.inodes[PathOps(d2).ino("/big")].data.chunks[20].extent
+    offset = d2.store.sbs[ext.dev].unit_offset(ext.unit)
+    d2.kill()
+
+    bad = image_all(devs)
+    blk = offset // 4096
+    bad[ext.dev].durable[blk] = bytes(b ^ 0xFF for b in bad[ext.dev].durable[blk])
+    d3 = Driver(bad, memory=4 << 20)
+    p3 = PathOps(d3)
+    fh = p3._call("open", p3.ino("/big"), os.O_RDONLY, CTX).fh
+    for idx in range(40):
+        if idx == 20:
+            with pytest.raises(pyfuse3.FUSEError) as e:
+                p3._call("read", fh, idx * cs, cs)
+            assert e.value.errno == 5
+        else:
+            assert bytes(p3._call("read", fh, idx * cs, cs)) == data[idx * cs:(idx + 1) * cs]
+    p3._call("release", fh)
+    d3.kill()

@@ -74,6 +74,17 @@ class BlockDevice:
         if n != len(buf):
             raise ShortIO(self.path, "read", offset, len(buf), n)
 
+    def preadv_into(self, bufs: list, offset: int) -> None:
+        """Fill `bufs` back to back from `offset` (one syscall); short reads raise."""
+        want = sum(len(b) for b in bufs)
+        try:
+            n = os.preadv(self.fd, bufs, offset)
+        except OSError as e:
+            raise DeviceError(f"read of {want} bytes at offset {offset} on {self.path} failed: "
+                              f"{e.strerror}") from None
+        if n != want:
+            raise ShortIO(self.path, "read", offset, want, n)
+
     def pread(self, n: int, offset: int) -> memoryview:
         buf = aligned_buffer(n)[:n]
         self.pread_into(buf, offset)

@@ -23,7 +23,9 @@ TICK seconds for company before they go.
 
 Fetches read evicted chunks back into arena slots, in parallel across
 devices, and verify each chunk's crc32c: a mismatch is EIO and a logged
-error, never wrong bytes.
+error, never wrong bytes. Read-ahead for a sequential reader loads runs of
+chunks at consecutive units of one device with one task and one `preadv`
+(FETCH_RUN chunks at most), not a task and a thread hop per chunk.
 
 It talks to the store through `DrainHost` (below): slots, unit allocation,
 and reports of what happened to each chunk.
@@ -49,6 +51,7 @@ from .device import BlockDevice, round_up
 log = logging.getLogger("ckptfs.drain")
 BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
 READAHEAD = 16  # chunks loaded ahead of a sequential reader
+FETCH_RUN = 4  # chunks read ahead with one preadv at most (longer runs keep the reader waiting)
 SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
 HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
@@ -321,15 +324,81 @@ class Drainer:
             self.host.loop.soon(self._prefetch, chunks)
 
     def _prefetch(self, chunks: list[Chunk]) -> None:
-        for c in chunks:
-            if id(c) not in self.fetching:
-                self.nursery.start_soon(self._prefetch_one, c)
+        """Start loading `chunks`: one task and one `preadv` per run of consecutive units on a
+        device (the drain wrote them in such runs), not one per chunk."""
+        units = self.host.chunk_size
+        todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks
+                      if id(c) not in self.fetching and c.slot is None and c.extent is not None)
+        run: list[Chunk] = []
+        for dev, unit, _, c in todo:
+            if run:
+                last = run[-1].extent
+                if (dev != last.dev or unit != last.unit + 1 or round_up(last.length) != units
+                        or len(run) >= FETCH_RUN):
+                    self.nursery.start_soon(self._prefetch_run, run)
+                    run = []
+            run.append(c)
+        if run:
+            self.nursery.start_soon(self._prefetch_run, run)
 
-    async def _prefetch_one(self, chunk: Chunk) -> None:
+    async def _prefetch_run(self, run: list[Chunk]) -> None:
         try:
-            await self._fetch_one(chunk)
+            if len(run) == 1:
+                await self._fetch_one(run[0])
+            else:
+                await self._fetch_run(run)
         except Exception as e:  # noqa: BLE001 - the read that needs it will retry and report
-            log.debug("read-ahead of inode %d chunk %d failed: %s", chunk.ino, chunk.idx, e)
+            log.debug("read-ahead of inode %d chunks %s failed: %s", run[0].ino, [c.idx for c in run], e)
+
+    async def _fetch_run(self, run: list[Chunk]) -> None:
+        """Load chunks at consecutive units of one device with one read (read-ahead only: a chunk
+        that changed meanwhile is dropped, and it takes only slots free now, never waits)."""
+        h = self.host
+        run = [c for c in run if id(c) not in self.fetching and c.slot is None and c.extent is not None]
+        exts = [c.extent for c in run]
+        if not run or any(e.dev != exts[0].dev or e.unit != exts[0].unit + i for i, e in enumerate(exts)):
+            return
+        slots = []
+        try:
+            for _ in run:
+                slots.append(h.alloc_slot())
+        except NoSpace:
+            pass
+        run, exts = run[:len(slots)], exts[:len(slots)]
+        if not run:
+            return
+        events = [trio.Event() for _ in run]
+        for c, done in zip(run, events):
+            self.fetching[id(c)] = done
+        dev = exts[0].dev
+        try:
+            views = [h.arena.view(slot)[:round_up(e.length)] for slot, e in zip(slots, exts)]
+            try:
+                crcs = await trio.to_thread.run_sync(_read_run_and_checksum, h.devices[dev], views,
+                                                     [e.length for e in exts], h.sbs[dev].unit_offset(exts[0].unit),
+                                                     limiter=h.limiters[dev])
+            except DeviceError:
+                h.stats[dev].errors += 1
+                for slot in slots:
+                    h.arena.free(slot)
+                raise
+            h.stats[dev].bytes_read += sum(len(v) for v in views)
+            h.stats[dev].reads += 1
+            for c, e, slot, crc in zip(run, exts, slots, crcs):
+                if crc != e.crc:
+                    h.arena.free(slot)
+                    h.stats[dev].errors += 1
+                    log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
+                              "it fetches it again and reports)", c.ino, c.idx)
+                elif c.extent is not e or not (c.live or c.pins) or c.slot is not None:
+                    h.arena.free(slot)
+                else:
+                    c.slot = slot
+                    h.cached(c)
+        finally:
+            for c, done in zip(run, events):
+                del self.fetching[id(c)]
+                done.set()
 
     async def _fetch_one(self, chunk: Chunk) -> None:
         key = id(chunk)
@@ -382,6 +451,14 @@ def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid
     """In a worker thread: read `length` bytes into `view`, return the crc32c of the first `valid`."""
     device.pread_into(view[:length], offset)
     return crc32c.crc32c(view[:valid])
+
+
+def _read_run_and_checksum(device: BlockDevice, views: list[memoryview], valid: list[int], offset: int
+                           ) -> list[int]:
+    """In a worker thread: fill `views` back to back from `offset` (one preadv), return the crc32c
+    of each one's first `valid` bytes."""
+    device.preadv_into(views, offset)
+    return [crc32c.crc32c(v[:n]) for v, n in zip(views, valid)]
 
 
 def _zero_tail(view: memoryview, hwm: int) -> None:
