@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import warnings
@@ -128,19 +130,42 @@ class Saver:
 
 
 @contextlib.contextmanager
-def s3_target(scratch: Path):
-    """A fresh local S3 server with a bucket; yields the mount options that replicate to it."""
+def s3_target(scratch: Path, idle: bool, server: dict):
+    """A fresh local S3 server with a bucket; yields the mount options that replicate to it.
+    `idle`: the server's threads get SCHED_IDLE, so it runs only on CPU the trainer and the
+    daemon leave (it stands in for an object store on other machines; its CPU is reported
+    apart, in `server`, never counted in the trainer's overhead)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import S3Server
     shutil.rmtree(scratch / "s3", ignore_errors=True)
     srv = S3Server(scratch / "s3")
     srv.start()
+    server["pid"] = srv.proc.pid
+    if idle:
+        for tid in os.listdir(f"/proc/{srv.proc.pid}/task"):  # threads made later inherit it
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
     os.environ.update(srv.env())
     try:
         srv.client().create_bucket(Bucket="training")
         yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint)
     finally:
+        server["cpu_s"] = process_cpu(srv.proc.pid)
         srv.stop()
+
+
+CKPTFS_CMD = (sys.executable, "-m", "ckptfs")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def replication_totals(mp: Path) -> dict:
+    """The replication block of `ckptfs status --json` (uploaded, skipped, lag...)."""
+    res = subprocess.run([*CKPTFS_CMD, "status", str(mp), "--json"], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout).get("replication", {})
 
 
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
@@ -184,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-lag", default=None, help="ckptfs --max-lag (default: ckptfs's own)")
     ap.add_argument("--replicate", action="store_true",
                     help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
+    ap.add_argument("--s3-priority", choices=("idle", "normal"), default="idle",
+                    help="CPU priority of the local S3 server (default idle: it stands in for a remote store "
+                         "and must not take the trainer's CPU on a small machine; its CPU is reported apart)")
     ap.add_argument("--scratch", type=Path, default=SCRATCH / "training")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
@@ -210,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ages: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     step = 0
     ckpt_bytes = 0
+    server: dict = {}  # the S3 server's pid, then its CPU seconds over the run
+    replication: dict = {}
     t_start = time.perf_counter()
     try:
         extra = ("--max-lag", args.max_lag) if args.max_lag else ()
@@ -223,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             if "ckptfs_s3" in systems:
                 pids["ckptfs_s3"] = stack.enter_context(mounted(
                     dirs["ckptfs_s3"], devices_s3, args.memory, log_file=scratch / "daemon-s3.log",
-                    extra=(*extra, *stack.enter_context(s3_target(scratch)))))
+                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server)))))
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
             run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
@@ -244,8 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms)", flush=True)
                     if kind in pids:
                         sync_mount(dirs[kind])  # let the drain finish before the next run
+                    if kind == "ckptfs_s3":  # and the upload: it must not run into the next configuration
+                        subprocess.run([*CKPTFS_CMD, "wait", "--replicated", "--timeout", "300",
+                                        str(dirs[kind] / "ckpt.pt")], check=False, capture_output=True)
                     for d in (shm, ext4, *(dirs[k] for k in pids)):
                         clear_dir(d)
+            if "ckptfs_s3" in pids:
+                replication = replication_totals(dirs["ckptfs_s3"])
     finally:
         shutil.rmtree(ext4, ignore_errors=True)
         for d in (*devices, *devices_s3):
@@ -311,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": tgts,
     }
+    if server:
+        data["s3_server"] = {"priority": args.s3_priority, "cpu_s": server.get("cpu_s"),
+                             "note": "SeaweedFS on this machine, standing in for a remote store"}
+        data["replication"] = replication
+        print(f"S3 server ({args.s3_priority} priority) used {server.get('cpu_s', 0):.1f} CPU s over the run "
+              f"(not the trainer's, not the daemon's); replication at the end: "
+              f"{json.dumps({k: replication.get(k) for k in ('bytes_uploaded', 'objects_uploaded', 'manifests_written', 'lag')})}")
     print(f"\ncheckpoint {ckpt_bytes / 2**20:.0f} MiB; baseline {stats(base)['median'] * 1e3:.0f} ms/step")
     for name, r in rows.items():
         if name == "none":
