@@ -130,7 +130,7 @@ class Saver:
 
 
 @contextlib.contextmanager
-def s3_target(scratch: Path, idle: bool, server: dict):
+def s3_target(scratch: Path, idle: bool, server: dict, rate: str | None = None):
     """A fresh local S3 server with a bucket; yields the mount options that replicate to it.
     `idle`: the server's threads get SCHED_IDLE, so it runs only on CPU the trainer and the
     daemon leave (it stands in for an object store on other machines; its CPU is reported
@@ -147,7 +147,8 @@ def s3_target(scratch: Path, idle: bool, server: dict):
     os.environ.update(srv.env())
     try:
         srv.client().create_bucket(Bucket="training")
-        yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint)
+        yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint,
+               *(("--replicate-rate", rate) if rate else ()))
     finally:
         server["cpu_s"] = process_cpu(srv.proc.pid)
         srv.stop()
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-lag", default=None, help="ckptfs --max-lag (default: ckptfs's own)")
     ap.add_argument("--replicate", action="store_true",
                     help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
+    ap.add_argument("--replicate-rate", default=None, metavar="BYTES/S",
+                    help="ckptfs --replicate-rate for ckptfs_s3 (default: no cap)")
     ap.add_argument("--s3-priority", choices=("idle", "normal"), default="idle",
                     help="CPU priority of the local S3 server (default idle: it stands in for a remote store "
                          "and must not take the trainer's CPU on a small machine; its CPU is reported apart)")
@@ -253,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             if "ckptfs_s3" in systems:
                 pids["ckptfs_s3"] = stack.enter_context(mounted(
                     dirs["ckptfs_s3"], devices_s3, args.memory, log_file=scratch / "daemon-s3.log",
-                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server)))))
+                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server, args.replicate_rate)))))
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
             run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
@@ -347,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": tgts,
     }
     if server:
-        data["s3_server"] = {"priority": args.s3_priority, "cpu_s": server.get("cpu_s"),
+        data["s3_server"] = {"priority": args.s3_priority, "cpu_s": server.get("cpu_s"), "replicate_rate": args.replicate_rate,
                              "note": "SeaweedFS on this machine, standing in for a remote store"}
         data["replication"] = replication
         print(f"S3 server ({args.s3_priority} priority) used {server.get('cpu_s', 0):.1f} CPU s over the run "
