@@ -451,3 +451,30 @@ def test_structured_logs_to_stderr_in_the_foreground_and_to_the_file_detached(tm
     assert {"mounted", "unmounted"} <= {o["event"] for o in objs}
     assert all({"ts", "level", "event"} <= set(o) for o in objs)
     assert not [ln for ln in m.log_text().splitlines() if '"level": "info"' in ln]  # --log-level warning
+
+
+def test_a_missing_name_is_cached_as_missing_and_appears_once_created(ckpt):
+    """LOOKUP of a missing name answers a negative entry the kernel caches (Lightning stats its
+    destination four times before creating it): repeated stats cost no round trip, and a name
+    created through the mount is there at once (the kernel drops its negative entry itself)."""
+    d = ckpt.path / "ckpts"
+    d.mkdir()
+    target = d / "epoch=3.ckpt"
+    for _ in range(200):
+        assert not target.exists()
+    target.write_bytes(b"x" * 1000)
+    assert target.stat().st_size == 1000
+    os.rename(target, d / "last.ckpt")
+    assert not target.exists() and (d / "last.ckpt").exists()
+    (d / "last.ckpt").rename(target)
+    assert target.read_bytes() == b"x" * 1000
+    os.unlink(target)
+    assert not target.exists()
+    os.mkdir(target)
+    assert target.is_dir()
+    ckpt.close()
+    if ckpt.engine == "native":  # the engine's request counts, logged at unmount
+        counts = [line for line in ckpt.log_text().splitlines() if "engine.statistics" in line]
+        assert counts, ckpt.log_text()[-2000:]
+        lookups = int(re.search(r"\blookup=(\d+)", counts[-1]).group(1))
+        assert lookups < 20, f"{lookups} LOOKUPs: missing names were not cached"

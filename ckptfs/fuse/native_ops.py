@@ -40,7 +40,7 @@ import errno
 import os
 import time
 
-from ..errors import NoAttribute, NoSpace, fs_error
+from ..errors import FsError, NoAttribute, NoSpace, fs_error
 from ..fs.creds import Caller, caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.filemap import NeedsFetch, Pinned
@@ -52,6 +52,10 @@ from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, Op
 
 # What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2 (see above).
 WANT = DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2
+
+
+# "no such name", cached by the kernel for ATTR_TIMEOUT (common.py)
+NEGATIVE_ENTRY = EntryOut(0, Attr(0, 0), entry_timeout=ATTR_TIMEOUT, attr_timeout=0)
 
 
 class Blocked(Exception):
@@ -95,7 +99,12 @@ class Operations:
 
     # ---- names -------------------------------------------------------------
     def lookup(self, req) -> EntryOut:
-        return self._entry(self.afs.lookup_nowait(req.nodeid, req.name))
+        try:
+            return self._entry(self.afs.lookup_nowait(req.nodeid, req.name))
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+        return NEGATIVE_ENTRY
 
     def forget(self, req) -> None:
         for ino, n in req.items:

@@ -13,12 +13,13 @@ whether a write clears set-user-ID bits; pyfuse3's write carries none.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 
 import pyfuse3
 
-from ..errors import errno_of
+from ..errors import FsError, errno_of
 from ..fs.creds import caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.namespace import Inode
@@ -75,7 +76,15 @@ class Operations(pyfuse3.Operations):
     # ---- names -----------------------------------------------------------
     @_guard
     async def lookup(self, parent_inode, name, ctx=None):
-        return self._attr(await self.afs.lookup(parent_inode, name))
+        try:
+            return self._attr(await self.afs.lookup(parent_inode, name))
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+        a = pyfuse3.EntryAttributes()  # a negative entry: the kernel caches "no such name" (common.py)
+        a.st_ino = 0
+        a.entry_timeout = ATTR_TIMEOUT
+        return a
 
     @_guard
     async def getattr(self, inode, ctx=None):
