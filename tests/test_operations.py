@@ -478,3 +478,27 @@ def test_a_missing_name_is_cached_as_missing_and_appears_once_created(ckpt):
         assert counts, ckpt.log_text()[-2000:]
         lookups = int(re.search(r"\blookup=(\d+)", counts[-1]).group(1))
         assert lookups < 20, f"{lookups} LOOKUPs: missing names were not cached"
+
+
+def test_a_forked_childs_close_of_an_inherited_descriptor_commits_nothing(ckpt):
+    """A writer that forks half way through a file (a subprocess, a DataLoader worker) gives the
+    child a copy of its descriptor; the child's close at exec or exit sends a FLUSH too. Only
+    the writer's own close commits: a crash before it keeps the previous version, not half of
+    the new one."""
+    f = ckpt.path / "last.pt"
+    f.write_bytes(b"old" * 1000)
+    ckptfs.wait_durable(f, timeout=60)
+    with open(f, "r+b") as h:
+        h.write(b"new" * 500)
+        h.flush()
+        assert ckptfs.state(f) == "memory"
+        subprocess.run([sys.executable, "-c", "pass"], check=True,
+                       pass_fds=(h.fileno(),))  # the child holds the descriptor and closes it
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)  # a plain fork: the child's exit closes its copy
+        os.waitpid(pid, 0)
+        assert ckptfs.state(f) == "memory"  # nothing committed by the children's closes
+    assert ckptfs.state(f) in ("draining", "durable")  # the writer's close commits
+    ckptfs.wait_durable(f, timeout=60)
+    assert f.read_bytes() == b"new" * 500 + b"old" * 500

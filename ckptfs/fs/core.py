@@ -33,7 +33,7 @@ import errno
 import os
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from .arena import Arena
@@ -91,6 +91,7 @@ class Handle:
     writable: bool
     append: bool
     caller: Caller | None = None  # who opened it: decides whether its writes clear setid bits
+    owners: set[int] = field(default_factory=set)  # lock owners (fd tables) its writes came from
 
 
 @dataclass(frozen=True)
@@ -359,11 +360,20 @@ class Filesystem:
         self.durability.dirtied(inode)
         return n
 
-    def flush(self, fh: int) -> None:
+    def wrote_from(self, fh: int, owner: int) -> None:
+        """A write through `fh` came from lock owner `owner` (the writer's file-descriptor table)."""
+        self.handle(fh).owners.add(owner)
+
+    def flush(self, fh: int, owner: int | None = None) -> None:
         """A close() of a descriptor (FLUSH comes synchronously with every close): a writer's close
-        commits the file as it is now."""
+        commits the file as it is now. `owner`: the closer's lock owner (its file-descriptor
+        table; None where the front end cannot tell, pyfuse3): then only a close by a table the
+        handle's writes came from (`wrote_from`) commits. A child that a fork gave a copy of the
+        descriptor, closing it (exec, exit) while the parent is half way through the file, must
+        not make that state, half written or just truncated, the one a crash keeps; a handle
+        that wrote nothing commits at its RELEASE (below), as the last reference goes."""
         h = self.handle(fh)
-        if h.writable:
+        if h.writable and (owner is None or owner in h.owners):
             self.durability.closed(h.inode)
 
     def release(self, fh: int) -> None:

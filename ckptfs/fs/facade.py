@@ -257,11 +257,14 @@ class AsyncFilesystem:
     def unlend_slot(self, slot: int) -> None:
         self.fs.arena.unlend(slot)
 
-    def flush_nowait(self, fh: int) -> None:
-        self.fs.flush(fh)
+    def flush_nowait(self, fh: int, owner: int | None = None) -> None:
+        self.fs.flush(fh, owner)
 
-    async def flush(self, fh: int) -> None:
-        self.flush_nowait(fh)
+    async def flush(self, fh: int, owner: int | None = None) -> None:
+        self.flush_nowait(fh, owner)
+
+    def wrote_from(self, fh: int, owner: int) -> None:
+        self.fs.wrote_from(fh, owner)
 
     async def fsync(self, fh: int) -> None:
         await self.sync(self.fs.handle(fh).inode.ino)

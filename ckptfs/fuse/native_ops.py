@@ -208,6 +208,8 @@ class Operations:
 
     def write(self, req, slot: int | None = None) -> WriteOut:
         """`slot`: the lent arena slot the request was read into (its data starts there)."""
+        if req.write_flags & abi.FUSE_WRITE_LOCKOWNER:
+            self.afs.wrote_from(req.fh, req.lock_owner)  # whose close commits it (core.flush)
         try:
             done = self.afs.write_nowait(req.fh, req.offset, req.data, self._kill(req), slot)
         except (NoSpace, NeedsFetch):
@@ -226,7 +228,7 @@ class Operations:
         return True if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID else None
 
     def flush(self, req) -> None:
-        self.afs.flush_nowait(req.fh)
+        self.afs.flush_nowait(req.fh, req.lock_owner)
 
     async def fsync(self, req) -> None:
         await self.afs.fsync(req.fh)
