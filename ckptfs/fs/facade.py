@@ -221,7 +221,12 @@ class AsyncFilesystem:
         """What can be written of `buf` without waiting (short when memory filled up or data must
         be fetched; raises NoSpace / NeedsFetch when nothing could be): then call `write` for the
         rest. `slot`: `buf` lies in this lent arena slot (core.write may adopt it)."""
-        n = self.fs.write(fh, off, buf, kill_setid, slot)
+        return self.writev_nowait(fh, off, (buf,), kill_setid, (slot,))
+
+    def writev_nowait(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None) -> int:
+        """`write_nowait` of `pieces` laid end to end from `off`; `slots[i]`: the lent arena slot
+        `pieces[i]` lies in, or None (core.writev adopts whole chunks)."""
+        n = self.fs.writev(fh, off, pieces, kill_setid, slots)
         self.backend.absorbed(n)
         return n
 
