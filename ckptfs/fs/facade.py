@@ -25,9 +25,9 @@ Every operation that never waits also has a synchronous twin, `x_nowait`
 under the trio thread's lock (fuse/native.py): those that may wait raise
 NeedsFetch / NoSpace from their twin instead, and the front end then awaits
 the coroutine on the trio thread. `read_nowait` answers with views of the
-arena slots pinned until `read_done`; `write_nowait` takes the lent slot the
-request was read into (`lend_slot`) so a whole-chunk write is adopted, not
-copied.
+arena slots pinned until `read_done`; `writev_nowait` takes the pieces of a
+request and the lent slots they were read into (`lend_slot`), so each whole
+chunk is adopted, not copied.
 
 Errors leave as `FsError` (errors.py decides every errno); the front end
 converts them. `Backend` is a plain object of callables so that tests and a

@@ -37,9 +37,9 @@ and the read scatters the payload over them, one chunk per slot. Each piece
 of a WRITE that is one whole chunk at a chunk boundary adopts its slot as
 that chunk's memory: the kernel's copy is the only one, and the worker is
 lent a fresh slot for that position next time. Other pieces are copied under
-the lock and their slots stay lent to the worker. A READ's reply is made of views of the arena slots,
-pinned (`Chunk.readers`: not freed, evicted or written in place) until the
-reply is written, then released under the lock.
+the lock and their slots stay lent to the worker. A READ's reply is made of
+views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
+written in place) until the reply is written, then released under the lock.
 
 Interrupts: a request the kernel interrupts while it waits for durability
 (FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR;
