@@ -43,13 +43,13 @@ end = time.monotonic() + seconds
 k = 0
 while time.monotonic() < end or k < 3:
     name = f"w{wid}-{k % 3}"
-    size = rng.choice([MiB, 2 * MiB, 3 * MiB + 12345, 777, 0, 5 * MiB - 1])
+    size = rng.choice([MiB, 2 * MiB, 3 * MiB + 12345, 777, 0, 5 * MiB - 1, 13 * MiB + 777])
     data = rng.randbytes(size)
     tmp = os.path.join(root, f".{name}.tmp{k}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     off = 0
     while off < size:
-        n = rng.choice([MiB, MiB, 4096, 100000, 2 * MiB + 1])
+        n = rng.choice([MiB, MiB, 4096, 100000, 2 * MiB + 1, 11 * MiB + 5])  # the last: shifted runs
         piece = memoryview(data)[off:off + n]
         assert os.write(fd, piece) == len(piece)
         off += len(piece)
@@ -281,6 +281,7 @@ def _multichunk_writes(path, model: bytearray, rng: random.Random) -> None:
             off = rng.randrange(0, 50 * MiB)
             put(fd, off, rng.randbytes(rng.choice([1, 4096, MiB - 1, MiB + 1, 4 * MiB, 5 * MiB + 3])))
         put(fd, 64 * MiB, rng.randbytes(4 * MiB))  # after a hole
+        put(fd, 70 * MiB + 333, rng.randbytes(40 * MiB))  # one write off the grid: later requests shifted
     finally:
         os.close(fd)
 
@@ -318,6 +319,7 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
     if os.geteuid() == 0:
         assert stats["max_write"] == 4 * MiB  # 64 slots for 2 workers: 4 chunks a request
         assert stats["adopted"] >= 36  # the first 36 MiB: aligned 8 MiB writes, then a 4 MiB bytes
+        assert stats["shifted"] > 0  # the 40 MiB write 333 bytes off the grid
     assert stats["copied"] > 0
     driver.call_sync(_check_invariants, driver)
     driver.unmount()

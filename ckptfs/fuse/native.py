@@ -100,6 +100,13 @@ class TrioHandler:
         self._lent: set[int] = set()  # every slot lent to a worker (returned by close())
         self.adopted = 0  # WRITE pieces (chunks) whose lent slot became the chunk's memory (no copy)
         self.copied = 0  # WRITE pieces copied into their chunks (not one whole chunk, or no slot lent)
+        # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
+        # its start, so they all end r bytes past a chunk boundary. Once two full requests in a row
+        # did (the same r), the next reads shift their run by r (first buffer slot[r:]), so the pieces
+        # after the first are whole chunks on the grid again, adopted. GUARDED_BY: the loop lock.
+        self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
+        self._end, self._streak = 0, 0  # r of the last full request, and how many in a row
+        self.shifted = 0  # WRITEs read into a shifted run
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -166,7 +173,12 @@ class TrioHandler:
         run = getattr(self._local, "reading", None)
         if run is None:
             return self._serve(self.ops.write, req, after=lambda: self._count(len(req.pieces), 0))
-        slots = run[:len(req.pieces)]  # piece i lies at the start of position i (the read filled them in order)
+        # piece i lies at the start of position i (the read filled them in order), except a shifted
+        # run's first piece, r bytes into its slot (never adopted)
+        slots = run[:len(req.pieces)]
+        shifted = self._local.shift
+        if shifted:
+            slots[0] = None
         arena = self.ops.afs.fs.arena
 
         def adopted() -> None:  # under the lock: once adopted, a slot may be freed and lent again
@@ -178,7 +190,20 @@ class TrioHandler:
                     self._lent.discard(slot)
                     n += 1
             self._count(len(slots), n)
+            self.shifted += bool(shifted)
+            self._predict(req)
         return self._serve(self.ops.write, req, slots, after=adopted)
+
+    def _predict(self, req) -> None:
+        """Under the lock: the shift for the next reads, from where this full request ended."""
+        if self.session is None or self.session.negotiated is None or req.size != self.session.negotiated.max_write:
+            return  # a write()'s last request, or a small write: says nothing of the next
+        end = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
+        if end == self._end:
+            self._streak += 1
+        else:
+            self._end, self._streak = end, 1
+        self.shift = end if self._streak >= 2 else 0
 
     def _count(self, pieces: int, adopted: int) -> None:
         """Under the lock: how a WRITE's pieces went in."""
@@ -200,40 +225,47 @@ class TrioHandler:
     def write_buffer(self, index: int):
         """The session's hook: the buffers this worker reads its next request into, one per chunk
         of the payload (a lent arena slot where one could be lent, else part of the worker's own
-        buffer); None (no slot lent at all): the session's own buffer."""
+        buffer), the first starting `shift` bytes into its slot (and one more position then);
+        None (no slot lent at all): the session's own buffer."""
         local = self._local
         local.reading = None
         if self.loop is None or self.session is None:
             return None
         afs = self.ops.afs
         arena = afs.fs.arena
+        cs = arena.chunk_size
         run = getattr(local, "run", None)
         if run is None:
-            run = local.run = [None] * -(-self.session.payload_size // arena.chunk_size)
+            local.k = -(-self.session.payload_size // cs)
+            run = local.run = [None] * (local.k + 1)
             local.bufs = [None] * len(run)
             local.own = None
+        shift = self.shift
+        n = local.k + (1 if shift else 0)
         bufs = local.bufs
-        if None in run and arena.free_slots > self.keep_free:
+        if None in run[:n] and arena.free_slots > self.keep_free:
             with self.loop:
-                for i, slot in enumerate(run):
-                    if slot is None:
+                for i in range(n):
+                    if run[i] is None:
                         slot = afs.lend_slot(self.keep_free)
                         if slot is None:
                             break
                         run[i] = slot
                         bufs[i] = arena.view(slot)
                         self._lent.add(slot)
-        if None in bufs:
-            if all(slot is None for slot in run):
+        if None in bufs[:n]:
+            if all(slot is None for slot in run[:n]):
                 return None
-            cs = arena.chunk_size
             if local.own is None:
                 local.own = memoryview(bytearray(cs * len(run)))
-            for i, slot in enumerate(run):
-                if slot is None:
+            for i in range(n):
+                if run[i] is None:
                     bufs[i] = local.own[i * cs:(i + 1) * cs]
         local.reading = run
-        return bufs
+        local.shift = shift
+        if shift:
+            return [bufs[0][shift:], *bufs[1:n]]
+        return bufs[:n]
 
     def close(self) -> None:
         """Every worker has exited: give their lent slots back (on the trio thread, or under the lock)."""
@@ -331,6 +363,7 @@ class NativeEngine:
         stats = self.session.statistics()
         stats["adopted"] = self.handler.adopted
         stats["copied"] = self.handler.copied
+        stats["shifted"] = self.handler.shifted
         if self.session.negotiated is not None:
             stats["max_write"] = self.session.negotiated.max_write
         stats["order_gaps"] = self.session.order.gaps
