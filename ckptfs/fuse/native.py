@@ -240,7 +240,7 @@ class TrioHandler:
             run = local.run = [None] * (local.k + 1)
             local.bufs = [None] * len(run)
             local.own = None
-        shift = self.shift
+        shift = self.shift if local.k > 1 else 0  # one chunk a request: no whole chunk between the seams
         n = local.k + (1 if shift else 0)
         bufs = local.bufs
         if None in run[:n] and arena.free_slots > self.keep_free:
