@@ -326,6 +326,8 @@ class _Daemon:
         self.mounted = True
         self.control.info["engine"] = "pyfuse3" if self.native is None else "native"
         self.control.info["threads"] = 1 if self.native is None else self.native.session.threads
+        if self.native is not None:
+            self.control.sections["engine_stats"] = self.native.statistics  # adopted/copied chunks, requests
         arena = self.mount.fs.arena
         log.info("mounted", extra={"fields": {
             "mountpoint": cfg.mountpoint, "memory": arena.capacity, "chunks": arena.nslots,

@@ -1,10 +1,11 @@
 """A tiny in-memory filesystem served by ckptfs.fuse.kernel.session (tests of the native engine only).
 
 File contents are 1 MiB chunks, like ckptfs's arena. `write_buffer` gives each
-worker a spare chunk-sized buffer to read the next request into; a WRITE that
-covers one whole aligned chunk keeps that buffer as the chunk (no copy: the
-kernel wrote the data into its final place) and the worker gets a new spare.
-Other writes are copied. Reads return views of the chunks (no copy before
+worker a run of spare chunk-sized buffers to read the next request into (as
+many as a request holds: the read scatters the payload over them); each piece
+of a WRITE that covers one whole aligned chunk keeps its buffer as the chunk
+(no copy: the kernel wrote the data into its final place) and the worker gets
+a new spare for that position. Other pieces are copied. Reads return views of the chunks (no copy before
 writev). Everything else sits behind one lock.
 
 Run as a script it serves a mountpoint until unmounted:
@@ -128,10 +129,13 @@ class MemFS:
         self.negotiated = negotiated
 
     def write_buffer(self, worker: int):
-        buf = getattr(self.tls, "spare", None)
-        if buf is None:
-            buf = self.tls.spare = bytearray(self.session.payload_size)
-        return buf
+        spares = getattr(self.tls, "spares", None)
+        if spares is None:
+            spares = self.tls.spares = [None] * -(-self.session.payload_size // CHUNK)
+        for i, buf in enumerate(spares):
+            if buf is None:
+                spares[i] = bytearray(CHUNK)
+        return spares
 
     # ---- names ----------------------------------------------------------------------------
     def lookup(self, req):
@@ -314,26 +318,28 @@ class MemFS:
             return parts
 
     def write(self, req):
-        data = req.data
         with self.lock:
             n = self._file(req.fh)
-            spare = getattr(self.tls, "spare", None)
-            if req.offset % CHUNK == 0 and req.size == CHUNK and spare is not None and data.obj is spare:
-                n.chunks[req.offset // CHUNK] = spare  # the kernel put the data in place: keep it
-                self.tls.spare = None
-                self.adopted += 1
-            else:
-                pos, done = req.offset, 0
-                while done < req.size:
-                    i, off = divmod(pos, CHUNK)
-                    take = min(CHUNK - off, req.size - done)
-                    chunk = n.chunks.get(i)
-                    if chunk is None:
-                        chunk = n.chunks[i] = bytearray(CHUNK)
-                    chunk[off:off + take] = data[done:done + take]
-                    pos += take
-                    done += take
-                self.copied += 1
+            spares = getattr(self.tls, "spares", None) or []
+            pos = req.offset
+            for k, data in enumerate(req.pieces):
+                size = data.nbytes
+                if pos % CHUNK == 0 and size == CHUNK and k < len(spares) and data.obj is spares[k]:
+                    n.chunks[pos // CHUNK] = spares[k]  # the kernel put the data in place: keep it
+                    spares[k] = None
+                    self.adopted += 1
+                else:
+                    done = 0
+                    while done < size:
+                        i, off = divmod(pos + done, CHUNK)
+                        take = min(CHUNK - off, size - done)
+                        chunk = n.chunks.get(i)
+                        if chunk is None:
+                            chunk = n.chunks[i] = bytearray(CHUNK)
+                        chunk[off:off + take] = data[done:done + take]
+                        done += take
+                    self.copied += 1
+                pos += size
             n.size = max(n.size, req.offset + req.size)
             if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID:
                 self._kill_suid(n)
@@ -437,10 +443,10 @@ class MemFS:
                 raise _err(errno.ENODATA)
 
 
-def serve(mountpoint: str, threads: int = 4):
+def serve(mountpoint: str, threads: int = 4, **session_options):
     from ckptfs.fuse.kernel.session import Session
     fs = MemFS()
-    s = Session(fs, mountpoint, threads=threads, write_buffer=fs.write_buffer)
+    s = Session(fs, mountpoint, threads=threads, write_buffer=fs.write_buffer, **session_options)
     fs.session = s
     s.mount()
     s.start()

@@ -765,3 +765,33 @@ def test_a_late_release_never_commits_the_state_a_new_writer_is_producing():
     assert closes.sizes == [3 * CS, CS, CS]  # a reader's close commits nothing
     fs.check_invariants()
     a.close()
+
+
+def test_writev_adopts_whole_chunks_copies_the_rest_and_stops_short_when_memory_runs_out():
+    """core.writev: the pieces of one request scattered over lent slots. Whole chunks on the
+    grid adopt their slot, other pieces are copied; when the arena runs out partway the write
+    is short (what went in stays), and with nothing written it raises NoSpace."""
+    arena = Arena(6 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    slots = [arena.lend_nowait() for _ in range(3)]
+    data = [random.Random(i).randbytes(CS) for i in range(3)]
+    for slot, d in zip(slots, data):
+        arena.view(slot)[:] = d
+    pieces = [arena.view(slots[0]), arena.view(slots[1]), arena.view(slots[2])[:100]]
+    assert fs.writev(fh, CS, pieces, slots=slots) == 2 * CS + 100
+    assert not arena.is_lent(slots[0]) and not arena.is_lent(slots[1]) and arena.is_lent(slots[2])
+    assert inode.data.chunks[1].slot == slots[0] and inode.data.chunks[2].slot == slots[1]
+    assert bytes(fs.read(fh, 0, 4 * CS)) == bytes(CS) + data[0] + data[1] + data[2][:100]
+    # off the grid: nothing adopted, all copied; 3 slots free, then the arena runs out partway
+    arena.view(slots[2])[:] = data[2]
+    assert arena.free_slots == 2  # 6 slots: 2 held by chunks 1, 2, one more by chunk 3, one lent
+    got = fs.writev(fh, 4 * CS + 7, [arena.view(slots[2])] * 3, slots=[slots[2], None, None])
+    assert got == 2 * CS - 7  # chunks 4 and 5 allocated, chunk 6 found no slot: short
+    assert arena.is_lent(slots[2]) and inode.size == 6 * CS
+    assert bytes(fs.read(fh, 4 * CS + 7, 2 * CS)) == data[2] + data[2][:CS - 7]
+    with pytest.raises(NoSpace):
+        fs.writev(fh, 6 * CS, [arena.view(slots[2])], slots=[None])
+    arena.unlend(slots[2])
+    arena.check_invariants()

@@ -175,6 +175,40 @@ def test_write_payload_is_not_copied():
         parse_request(short[:40], memoryview(short)[40:], memoryview(payload)[:4095])
 
 
+def test_scattered_write_payload_stays_in_its_buffers():
+    """A readv that scattered a WRITE over several buffers (lent arena slots): one piece per
+    buffer, each a view of it, in order; `data` joins them."""
+    chunk = 4096
+    slots = [bytearray(b"a" * chunk), bytearray(b"b" * chunk), bytearray(chunk)]
+    size = 2 * chunk + 100  # the last buffer only partly filled
+    head = raw(Op.WRITE, abi.WRITE_IN.pack(1, 3 * chunk, size, 0, 0, 0, 0), length=80 + size)
+    filled = [memoryview(slots[0]), memoryview(slots[1]), memoryview(slots[2])[:100]]
+    req = parse_request(head[:40], memoryview(head)[40:], filled)
+    assert [p.obj for p in req.pieces] == slots and [p.nbytes for p in req.pieces] == [chunk, chunk, 100]
+    assert bytes(req.data) == b"a" * chunk + b"b" * chunk + bytes(100) and req.size == size
+    # empty trailing buffers are left out; a length that disagrees is refused
+    req = parse_request(head[:40], memoryview(head)[40:], filled + [memoryview(bytearray(0))])
+    assert len(req.pieces) == 3
+    with pytest.raises(ProtocolError, match="length field says 8372 bytes, the request has 8371"):
+        parse_request(head[:40], memoryview(head)[40:], filled[:2] + [filled[2][:99]])
+    short = raw(Op.WRITE, abi.WRITE_IN.pack(1, 0, size, 0, 0, 0, 0), length=80 + size - 1)
+    with pytest.raises(ProtocolError, match="8291 bytes of data, fuse_write_in.size says 8292"):
+        parse_request(short[:40], memoryview(short)[40:], filled[:2] + [filled[2][:99]])
+    # a zero-length write has one empty piece
+    head = raw(Op.WRITE, abi.WRITE_IN.pack(1, 0, 0, 0, 0, 0, 0))
+    req = parse_request(head[:40], memoryview(head)[40:], [])
+    assert req.size == 0 and bytes(req.data) == b""
+
+
+def test_scattered_non_write_is_joined():
+    name = b"n" * 5000
+    data = raw(Op.LOOKUP, name + b"\0")
+    rest = data[80:]
+    req = parse_request(data[:40], memoryview(data)[40:80], [memoryview(bytearray(rest[:4096])),
+                                                              memoryview(bytearray(rest[4096:]))])
+    assert req.name == name
+
+
 def test_split_read_of_a_long_name_is_joined():
     """A non-WRITE request spilling past the 80-byte header buffer into the payload buffer."""
     name = b"n" * 200
@@ -362,6 +396,24 @@ def test_negotiate_request_size():
     assert (out.max_write, out.max_pages, neg.max_write) == (128 << 10, 0, 128 << 10)
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_write=1000)
     assert out.max_write == 4096
+
+
+@pytest.mark.parametrize("limit, want", [
+    (1025, (4 << 20, 1025)),   # raised as root: 4 chunks and the spare page
+    (65535, (4 << 20, 1025)),
+    (1024, (3 << 20, 769)),    # 4 chunks would leave no spare page: 3 whole chunks with it
+    (800, (3 << 20, 769)),
+    (257, (1 << 20, 257)),     # one chunk, as before requests of several chunks
+    (256, (1 << 20, 256)),     # the default limit: one chunk, no spare page (unaligned writers are cut)
+])
+def test_negotiate_whole_chunks(limit, want):
+    """max_write of several chunks (grain): cut by the limit to whole chunks, never 1 MiB + 4 KiB."""
+    flags = abi.FUSE_ASYNC_READ | abi.FUSE_INIT_EXT | abi.FUSE_MAX_PAGES
+    out, neg = negotiate(init_req(flags), max_pages_limit=limit, max_write=4 << 20, grain=1 << 20)
+    assert (out.max_write, out.max_pages) == want == (neg.max_write, neg.max_pages)
+    # without MAX_PAGES the kernel's 32 pages: less than a chunk, left as it is
+    out, _ = negotiate(init_req(abi.FUSE_ASYNC_READ), max_pages_limit=limit, max_write=4 << 20, grain=1 << 20)
+    assert out.max_write == 128 << 10
 
 
 def test_negotiate_flags2_only_with_init_ext():

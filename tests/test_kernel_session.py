@@ -9,6 +9,7 @@ instead of /dev/fuse, to feed it requests no kernel would send.
 """
 import errno
 import hashlib
+import mmap
 import os
 import random
 import signal
@@ -108,7 +109,7 @@ def test_64mib_from_four_writer_processes_at_once(memfs):
     f = mnt / "ckpt.pt"
     f.touch()
     quarter = 16 << 20
-    pieces = [CHUNK, CHUNK, 4 << 20, CHUNK + 4096 + 17]  # aligned 1 MiB requests are kept in place, the rest copied
+    pieces = [CHUNK, CHUNK, 4 << 20, CHUNK + 4096 + 17]  # aligned whole chunks are kept in place, the rest copied
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(f), str(i * quarter), str(quarter), str(i),
                                str(pieces[i])]) for i in range(4)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
@@ -120,7 +121,47 @@ def test_64mib_from_four_writer_processes_at_once(memfs):
             h.update(block)
     assert h.hexdigest() == want
     assert fs.adopted >= 32 and fs.copied > 0  # most payloads landed in their chunk with no copy
-    assert s.statistics().get("write", 0) >= 64
+    assert s.statistics().get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
+
+
+@pytest.mark.mount
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising fs.fuse.max_pages_limit needs root")
+def test_requests_of_four_chunks_scatter_over_four_buffers(tmp_path):
+    """max_write of 4 chunks (the limit raised to 1025 pages): one 4 MiB request per 4 MiB of a
+    write(), read into 4 spare chunk buffers and adopted piece by piece, from a page-aligned
+    buffer and from an unaligned one (the spare page); an unaligned offset copies every piece."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fs, s = serve(str(mnt), 2, max_write=4 * CHUNK, grain=CHUNK, raise_max_pages=True)
+    try:
+        assert (s.negotiated.max_write, s.negotiated.max_pages) == (4 * CHUNK, 1025)
+        rng = random.Random(5)
+        aligned = mmap.mmap(-1, 16 * CHUNK)
+        aligned[:] = rng.randbytes(16 * CHUNK)
+        unaligned = rng.randbytes(16 * CHUNK)  # a bytes object: its data is not page-aligned
+        odd = rng.randbytes(8 * CHUNK + 3)
+        fd = os.open(mnt / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            assert os.pwrite(fd, aligned, 0) == 16 * CHUNK
+            assert os.pwrite(fd, unaligned, 16 * CHUNK) == 16 * CHUNK
+            assert (fs.adopted, fs.copied, s.statistics()["write"]) == (32, 0, 8)
+            assert os.pwrite(fd, odd, 40 * CHUNK + 5) == len(odd)
+        finally:
+            os.close(fd)
+        assert fs.adopted == 32 and s.statistics()["write"] == 8 + 3 and fs.copied == 9  # 4 + 4 + 1 pieces
+        want = bytes(aligned) + unaligned + bytes(8 * CHUNK + 5) + odd
+        fd = os.open(mnt / "f", os.O_RDONLY)
+        try:
+            got = bytearray()
+            while piece := os.pread(fd, 5 * CHUNK + 1, len(got)):  # READs of several chunks
+                got += piece
+        finally:
+            os.close(fd)
+        assert got == want
+    finally:
+        unmount_quietly(mnt)
+        s.wait(15)
+        s.close()
 
 
 @pytest.mark.mount

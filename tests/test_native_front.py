@@ -170,3 +170,46 @@ def test_without_pyfuse3_a_native_engine_that_cannot_start_fails_with_its_cause(
                                          r"pyfuse3 fallback is not installed"):
         trio.run(d._start_native)
     assert not d.mount.store.loop.installed
+
+
+def test_write_buffer_lends_runs_of_slots_and_shifts_them():
+    """write_buffer without a kernel: a run of K lent slots per worker (one chunk each), lending
+    stops at keep_free (the rest of the run is the worker's own memory), a shifted run starts
+    `shift` bytes into its first slot and has one position more; close() gives every slot back."""
+    from inproc import Driver, make_devices
+    from ckptfs.fuse.native import request_chunks
+    from ckptfs.fuse.native_ops import Operations
+
+    MiB = 1 << 20
+    driver = Driver(make_devices(1, 64 * MiB), memory=16 * MiB, chunk_size=MiB, fmt=True)
+    loop = driver.store.loop
+    driver.call_sync(loop.install)
+    arena = driver.fs.arena
+    try:
+        h = TrioHandler(Operations(driver.afs), driver.token, loop, keep_free=10)
+        h.session = SimpleNamespace(payload_size=4 * MiB, negotiated=SimpleNamespace(max_write=4 * MiB))
+        bufs = h.write_buffer(0)
+        assert [b.nbytes for b in bufs] == [MiB] * 4 and arena.lent_slots == 4
+        assert all(b.obj is arena.view(0).obj for b in bufs)  # views of the arena
+        again = h.write_buffer(0)  # nothing adopted: the same run
+        assert all(b is c for b, c in zip(bufs, again)) and arena.lent_slots == 4
+
+        other = []  # a second worker: 12 free, lent down to keep_free, the rest its own memory
+        t = threading.Thread(target=lambda: other.extend(h.write_buffer(1)))
+        t.start()
+        t.join()
+        assert [b.nbytes for b in other] == [MiB] * 4 and arena.lent_slots == 6
+        assert sum(b.obj is arena.view(0).obj for b in other) == 2
+
+        h.shift = 333
+        shifted = h.write_buffer(0)  # K + 1 positions; no slot left for the 5th: own memory
+        assert [b.nbytes for b in shifted] == [MiB - 333, MiB, MiB, MiB, MiB]
+        assert shifted[0].obj is arena.view(0).obj and shifted[4].obj is not arena.view(0).obj
+        assert h._local.shift == 333 and arena.lent_slots == 6
+        with loop:
+            h.close()
+        assert arena.lent_slots == 0 and arena.free_slots == arena.nslots
+        assert request_chunks(16, 2) == 2 and request_chunks(2048, 2) == 4 and request_chunks(4, 4) == 1
+    finally:
+        driver.call_sync(loop.uninstall)
+        driver.kill()

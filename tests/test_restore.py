@@ -111,6 +111,13 @@ def test_writes_and_size_changes_wait_for_the_whole_file_and_truncate_to_zero_ca
     with pytest.raises(NeedsRestore) as e:
         fs.write(fh, 0, b"a")
     assert e.value.indexes == [0, 1, 2]
+    slot = fs.arena.lend_nowait()  # a whole chunk read into a lent slot (the native engine) waits too
+    with pytest.raises(NeedsRestore):
+        fs.write(fh, CS, fs.arena.view(slot), slot=slot)
+    with pytest.raises(NeedsRestore):
+        fs.writev(fh, 0, [fs.arena.view(slot)] * 2, slots=[slot, None])
+    assert fs.arena.is_lent(slot) and inode.data.chunks == {}
+    fs.arena.unlend(slot)
     with pytest.raises(NeedsRestore):
         fs.setattr(inode.ino, size=10)
     with pytest.raises(NeedsRestore):

@@ -9,10 +9,11 @@ A slot is the unit of absorb, drain and eviction. The arena only counts: it
 hands out free slot numbers and takes them back. Who waits for room, and
 when a full arena means ENOSPC or backpressure, is decided above it.
 
-A slot may also be lent (`lend_nowait`) to a FUSE worker as the buffer its
-next request is read into: the kernel copies a WRITE's payload straight into
-it, and a WRITE of exactly one chunk then keeps it as that chunk's memory
-(`adopt`). Lent slots count as used, so memory stays within the budget.
+A slot may also be lent (`lend_nowait`) to a FUSE worker as one of the
+buffers its next request is read into: the kernel copies a WRITE's payload
+straight into them, one chunk per slot, and each piece that is exactly one
+chunk then keeps its slot as that chunk's memory (`adopt`). Lent slots count
+as used, so memory stays within the budget.
 
 INVARIANT: every slot number is either in `_free`, lent, or owned by exactly
 one chunk (in a file, or pinned by a commit or a reply); `used + free == nslots`.

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from .arena import Arena
-from ..errors import fs_error
+from ..errors import NoSpace, fs_error
 from .creds import Caller
-from .filemap import ChunkOwner, FileData, MemoryOwner
+from .filemap import ChunkOwner, FileData, MemoryOwner, NeedsFetch
 from .namespace import HIDDEN_XATTR, Inode, Namespace
 
 FRSIZE = 4096
@@ -337,6 +337,14 @@ class Filesystem:
 
         `slot`: `buf` lies at the start of this lent arena slot; a write of one whole chunk at a
         chunk boundary then adopts it instead of copying (the caller sees it is no longer lent)."""
+        return self.writev(fh, off, (buf,), kill_setid, (slot,))
+
+    def writev(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None) -> int:
+        """`write` of `pieces` laid end to end from `off` (one request scattered over buffers);
+        short only when the arena filled up (raises NoSpace / NeedsFetch when nothing was written).
+
+        `slots[i]`: the lent arena slot `pieces[i]` starts at, or None; a piece that is one whole
+        chunk at a chunk boundary adopts its slot, the others are copied."""
         h = self.handle(fh)
         if not h.writable:
             raise fs_error(errno.EBADF)
@@ -349,10 +357,23 @@ class Filesystem:
         if h.append:
             off = inode.size
         cs = self.arena.chunk_size
-        if slot is not None and off % cs == 0 and len(buf) == cs:
-            n = inode.data.adopt(off // cs, slot)
-        else:
-            n = inode.data.write(off, buf)
+        data = inode.data
+        n = 0
+        for i, piece in enumerate(pieces):
+            slot = slots[i] if slots else None
+            size = memoryview(piece).nbytes
+            try:
+                if slot is not None and size == cs and (off + n) % cs == 0:
+                    got = data.adopt((off + n) // cs, slot)
+                else:
+                    got = data.write(off + n, piece)
+            except (NoSpace, NeedsFetch):
+                if not n:
+                    raise
+                break  # short: what was written stays written
+            n += got
+            if got < size:
+                break
         if off + n > inode.size:
             inode.size = off + n
         inode.version += 1

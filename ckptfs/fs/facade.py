@@ -24,9 +24,9 @@ Every operation that never waits also has a synchronous twin, `x_nowait`
 under the trio thread's lock (fuse/native.py): those that may wait raise
 NeedsFetch / NoSpace from their twin instead, and the front end then awaits
 the coroutine on the trio thread. `read_nowait` answers with views of the
-arena slots pinned until `read_done`; `write_nowait` takes the lent slot the
-request was read into (`lend_slot`) so a whole-chunk write is adopted, not
-copied.
+arena slots pinned until `read_done`; `writev_nowait` takes the pieces of a
+request and the lent slots they were read into (`lend_slot`), so each whole
+chunk is adopted, not copied.
 
 Errors leave as `FsError` (errors.py decides every errno); the front end
 converts them. `Backend` is a plain object of callables so that tests and a
@@ -220,7 +220,12 @@ class AsyncFilesystem:
         """What can be written of `buf` without waiting (short when memory filled up or data must
         be fetched; raises NoSpace / NeedsFetch when nothing could be): then call `write` for the
         rest. `slot`: `buf` lies in this lent arena slot (core.write may adopt it)."""
-        n = self.fs.write(fh, off, buf, kill_setid, slot)
+        return self.writev_nowait(fh, off, (buf,), kill_setid, (slot,))
+
+    def writev_nowait(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None) -> int:
+        """`write_nowait` of `pieces` laid end to end from `off`; `slots[i]`: the lent arena slot
+        `pieces[i]` lies in, or None (core.writev adopts whole chunks)."""
+        n = self.fs.writev(fh, off, pieces, kill_setid, slots)
         self.backend.absorbed(n)
         return n
 

@@ -233,7 +233,10 @@ class FileData:
         return done
 
     def adopt(self, idx: int, slot: int) -> int:
-        """Chunk `idx` becomes the whole of lent `slot` (which holds its new bytes); the chunk size."""
+        """Chunk `idx` becomes the whole of lent `slot` (which holds its new bytes); the chunk size.
+        A file still being restored waits for all of its contents first (NeedsRestore), as `write`."""
+        if self.remote is not None:
+            self.remote.check_change()
         old = self.chunks.get(idx)
         if old is None or old.drained:
             self.owner.reserve()  # new device space will be needed: refuse when there is none

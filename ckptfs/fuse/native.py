@@ -27,15 +27,19 @@ reader would (a RELEASE, which the kernel sends after close() returned, is
 never overtaken by the same file's next OPEN or RENAME: ckptfs commits a
 file at its RELEASE).
 
-Zero copy. `write_buffer` (the session's hook, before each read) hands each
-worker a free arena slot, lent (`AsyncFilesystem.lend_slot`, counted as used
-memory, and only while more than `keep_free` slots are free); the kernel
-copies a WRITE's payload straight into it, and a WRITE of one whole chunk at
-a chunk boundary adopts it as that chunk's memory: the kernel's copy is the
-only one, and the worker gets a fresh slot next time. Other writes copy from
-it under the lock. A READ's reply is made of views of the arena slots,
-pinned (`Chunk.readers`: not freed, evicted or written in place) until the
-reply is written, then released under the lock.
+Zero copy. Requests are up to `request_chunks` chunks (max_write, 4 MiB
+with 1 MiB chunks, where the kernel's max_pages limit allows; one chunk
+otherwise). `write_buffer` (the session's hook, before each read) hands each
+worker a run of that many free arena slots, lent (`AsyncFilesystem.lend_slot`,
+counted as used memory, and only while more than `keep_free` slots are free;
+a position with no slot is a chunk-sized part of the worker's own buffer),
+and the read scatters the payload over them, one chunk per slot. Each piece
+of a WRITE that is one whole chunk at a chunk boundary adopts its slot as
+that chunk's memory: the kernel's copy is the only one, and the worker is
+lent a fresh slot for that position next time. Other pieces are copied under
+the lock and their slots stay lent to the worker. A READ's reply is made of
+views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
+written in place) until the reply is written, then released under the lock.
 
 Interrupts: a request the kernel interrupts while it waits for durability
 (FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR;
@@ -65,6 +69,14 @@ log = logging.getLogger("ckptfs.fuse.native")
 
 # Requests that wait for the devices: an INTERRUPT from the kernel cancels them (EINTR).
 INTERRUPTIBLE = frozenset({"fsync", "fsyncdir", "syncfs"})
+# Chunks per request (max_write), each read into its own lent slot: fewer, larger requests cost
+# less Python per GiB (docs/ENGINE.md). Fewer where the arena is small (`request_chunks`).
+REQUEST_CHUNKS = 4
+
+
+def request_chunks(nslots: int, threads: int, most: int = REQUEST_CHUNKS) -> int:
+    """Chunks per request for an arena of `nslots`: at most a quarter of the slots lent to the workers."""
+    return max(1, min(most, nslots // (4 * threads)))
 
 
 class TrioHandler:
@@ -81,9 +93,20 @@ class TrioHandler:
         self.keep_free = keep_free  # arena slots never lent as receive buffers
         self.session: Session | None = None
         self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
-        self._local = threading.local()  # .slot: the arena slot lent to this worker, or None
+        # per worker: .run, the arena slot lent for each chunk-sized position of its payload (or None);
+        # .bufs, their buffers; .own, its own buffer for positions with no slot; .reading, the run
+        # its last read used (None: the session's own buffer)
+        self._local = threading.local()
         self._lent: set[int] = set()  # every slot lent to a worker (returned by close())
-        self.adopted = 0  # WRITEs whose lent slot became a chunk's memory (no copy)
+        self.adopted = 0  # WRITE pieces (chunks) whose lent slot became the chunk's memory (no copy)
+        self.copied = 0  # WRITE pieces copied into their chunks (not one whole chunk, or no slot lent)
+        # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
+        # its start, so they all end r bytes past a chunk boundary. Once two full requests in a row
+        # did (the same r), the next reads shift their run by r (first buffer slot[r:]), so the pieces
+        # after the first are whole chunks on the grid again, adopted. GUARDED_BY: the loop lock.
+        self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
+        self._end, self._streak = 0, 0  # r of the last full request, and how many in a row
+        self.shifted = 0  # WRITEs read into a shifted run
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -147,16 +170,45 @@ class TrioHandler:
     def write(self, req):
         if self.loop is None:
             return self._ordered(self._run, self.ops.write, req)
-        slot = getattr(self._local, "slot", None)
-        if slot is None:
-            return self._serve(self.ops.write, req)
+        run = getattr(self._local, "reading", None)
+        if run is None:
+            return self._serve(self.ops.write, req, after=lambda: self._count(len(req.pieces), 0))
+        # piece i lies at the start of position i (the read filled them in order), except a shifted
+        # run's first piece, r bytes into its slot (never adopted)
+        slots = run[:len(req.pieces)]
+        shifted = self._local.shift
+        if shifted:
+            slots[0] = None
+        arena = self.ops.afs.fs.arena
 
-        def adopted() -> None:  # under the lock: once adopted, the slot may be freed and lent again
-            if not self.ops.afs.fs.arena.is_lent(slot):
-                self._local.slot = None
-                self._lent.discard(slot)
-                self.adopted += 1
-        return self._serve(self.ops.write, req, slot, after=adopted)
+        def adopted() -> None:  # under the lock: once adopted, a slot may be freed and lent again
+            n = 0
+            for i, slot in enumerate(slots):
+                if slot is not None and not arena.is_lent(slot):
+                    run[i] = None
+                    self._local.bufs[i] = None
+                    self._lent.discard(slot)
+                    n += 1
+            self._count(len(slots), n)
+            self.shifted += bool(shifted)
+            self._predict(req)
+        return self._serve(self.ops.write, req, slots, after=adopted)
+
+    def _predict(self, req) -> None:
+        """Under the lock: the shift for the next reads, from where this full request ended."""
+        if self.session is None or self.session.negotiated is None or req.size != self.session.negotiated.max_write:
+            return  # a write()'s last request, or a small write: says nothing of the next
+        end = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
+        if end == self._end:
+            self._streak += 1
+        else:
+            self._end, self._streak = end, 1
+        self.shift = end if self._streak >= 2 else 0
+
+    def _count(self, pieces: int, adopted: int) -> None:
+        """Under the lock: how a WRITE's pieces went in."""
+        self.adopted += adopted
+        self.copied += pieces - adopted
 
     def read(self, req):
         pinned = self._ordered(self._run, self.ops.read, req) if self.loop is None else self._serve(self.ops.read, req)
@@ -171,22 +223,49 @@ class TrioHandler:
             self.ops.afs.read_done(pinned)
 
     def write_buffer(self, index: int):
-        """The session's hook: the buffer this worker reads its next request into (a lent
-        arena slot, None: the worker's own)."""
-        slot = getattr(self._local, "slot", None)
-        if slot is None:
-            afs = self.ops.afs
-            arena = afs.fs.arena
-            if (self.loop is None or self.session is None or arena.chunk_size < self.session.payload_size
-                    or arena.free_slots <= self.keep_free):
-                return None
+        """The session's hook: the buffers this worker reads its next request into, one per chunk
+        of the payload (a lent arena slot where one could be lent, else part of the worker's own
+        buffer), the first starting `shift` bytes into its slot (and one more position then);
+        None (no slot lent at all): the session's own buffer."""
+        local = self._local
+        local.reading = None
+        if self.loop is None or self.session is None:
+            return None
+        afs = self.ops.afs
+        arena = afs.fs.arena
+        cs = arena.chunk_size
+        run = getattr(local, "run", None)
+        if run is None:
+            local.k = -(-self.session.payload_size // cs)
+            run = local.run = [None] * (local.k + 1)
+            local.bufs = [None] * len(run)
+            local.own = None
+        shift = self.shift if local.k > 1 else 0  # one chunk a request: no whole chunk between the seams
+        n = local.k + (1 if shift else 0)
+        bufs = local.bufs
+        if None in run[:n] and arena.free_slots > self.keep_free:
             with self.loop:
-                slot = afs.lend_slot(self.keep_free)
-            if slot is None:
+                for i in range(n):
+                    if run[i] is None:
+                        slot = afs.lend_slot(self.keep_free)
+                        if slot is None:
+                            break
+                        run[i] = slot
+                        bufs[i] = arena.view(slot)
+                        self._lent.add(slot)
+        if None in bufs[:n]:
+            if all(slot is None for slot in run[:n]):
                 return None
-            self._local.slot = slot
-            self._lent.add(slot)
-        return self.ops.afs.fs.arena.view(slot)
+            if local.own is None:
+                local.own = memoryview(bytearray(cs * len(run)))
+            for i in range(n):
+                if run[i] is None:
+                    bufs[i] = local.own[i * cs:(i + 1) * cs]
+        local.reading = run
+        local.shift = shift
+        if shift:
+            return [bufs[0][shift:], *bufs[1:n]]
+        return bufs[:n]
 
     def close(self) -> None:
         """Every worker has exited: give their lent slots back (on the trio thread, or under the lock)."""
@@ -234,17 +313,19 @@ class NativeEngine:
     request on the trio thread."""
 
     def __init__(self, afs: AsyncFilesystem, mountpoint: str, token, *, threads: int | None = None,
-                 loop: LoopLock | None = None):
+                 loop: LoopLock | None = None, request_chunks_most: int = REQUEST_CHUNKS):
         threads = threads or default_threads()
         arena = afs.fs.arena
         self.loop = loop
         self.handler = TrioHandler(Operations(afs), token, loop, keep_free=max(2 * threads, arena.nslots // 8))
         root = os.geteuid() == 0
-        # as root, one page more than a chunk (max_pages): unaligned writers' requests stay whole
-        # chunks on the chunk grid, so they are adopted too (docs/ENGINE.md)
+        # requests of several whole chunks; as root the max_pages sysctl is raised to one page more
+        # (max_pages), so unaligned writers' requests stay whole chunks on the chunk grid and are
+        # adopted too; where the limit is lower, as many whole chunks as fit (docs/ENGINE.md)
         self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
-                               default_permissions=True, want=WANT, max_write=arena.chunk_size,
-                               raise_max_pages=root, write_buffer=self.handler.write_buffer,
+                               default_permissions=True, want=WANT,
+                               max_write=arena.chunk_size * request_chunks(arena.nslots, threads, request_chunks_most),
+                               grain=arena.chunk_size, raise_max_pages=root, write_buffer=self.handler.write_buffer,
                                after_reply=None if loop is None else loop.kick)
         self.handler.session = self.session
 
@@ -281,6 +362,10 @@ class NativeEngine:
     def statistics(self) -> dict[str, int]:
         stats = self.session.statistics()
         stats["adopted"] = self.handler.adopted
+        stats["copied"] = self.handler.copied
+        stats["shifted"] = self.handler.shifted
+        if self.session.negotiated is not None:
+            stats["max_write"] = self.session.negotiated.max_write
         stats["order_gaps"] = self.session.order.gaps
         if self.loop is not None:
             stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})

@@ -16,9 +16,10 @@ WRITE that got partway continues from where it stopped). FSYNC, FSYNCDIR
 and SYNCFS always wait, so they are coroutines, run on the trio thread.
 
 READ answers with views of the arena slots (`filemap.Pinned`), pinned until
-the reply is written (native.py releases them). WRITE takes the arena slot
-the worker read the request into (`slot`): a whole chunk at a chunk boundary
-is adopted in place.
+the reply is written (native.py releases them). WRITE takes the arena slots
+the worker read the request into (`slots`, one per piece of `Write.pieces`,
+or None): each piece that is a whole chunk at a chunk boundary is adopted in
+place, the rest copied.
 
 Errors: the facade raises `FsError`; native.py turns anything else into EIO,
 logged, as pyfuse3_ops does. The GETXATTR/LISTXATTR size probe (size 0: the
@@ -206,21 +207,31 @@ class Operations:
     async def read_wait(self, req) -> Pinned:
         return await self.afs.read_pinned(req.fh, req.offset, req.size)
 
-    def write(self, req, slot: int | None = None) -> WriteOut:
-        """`slot`: the lent arena slot the request was read into (its data starts there)."""
+    def write(self, req, slots=None) -> WriteOut:
+        """`slots[i]`: the lent arena slot `req.pieces[i]` was read into (its data starts there), or None."""
         if req.write_flags & abi.FUSE_WRITE_LOCKOWNER:
             self.afs.wrote_from(req.fh, req.lock_owner)  # whose close commits it (core.flush)
         try:
-            done = self.afs.write_nowait(req.fh, req.offset, req.data, self._kill(req), slot)
+            done = self.afs.writev_nowait(req.fh, req.offset, req.pieces, self._kill(req), slots)
         except (NoSpace, NeedsFetch):
             done = 0
-        if done == len(req.data):
+        if done == req.size:
             return WriteOut(done)
         raise Blocked(self.write_rest, req, done)
 
     async def write_rest(self, req, done: int) -> WriteOut:
         """The rest of a WRITE after `done` bytes, waiting for memory or a fetch as needed."""
-        return WriteOut(done + await self.afs.write(req.fh, req.offset + done, req.data[done:], self._kill(req)))
+        written, skip = done, done
+        for piece in req.pieces:
+            if skip >= piece.nbytes:
+                skip -= piece.nbytes
+                continue
+            n = await self.afs.write(req.fh, req.offset + written, piece[skip:], self._kill(req))
+            written += n
+            if n < piece.nbytes - skip:
+                break  # room never came: short
+            skip = 0
+        return WriteOut(written)
 
     @staticmethod
     def _kill(req) -> bool | None:

@@ -79,6 +79,10 @@ def render(st: dict, limit: int = 20):
     head.append(f"  daemon pid {st.get('pid')}  up {human_seconds(st.get('uptime'))}")
     if st.get("engine"):
         head.append(f"  engine {st['engine']}" + (f" ({st['threads']} threads)" if st.get("engine") == "native" else ""))
+    es = st.get("engine_stats")
+    if es:
+        head.append(f"  requests <= {human_bytes(es.get('max_write', 0))}, {es.get('write', 0)} writes: "
+                    f"{es.get('adopted', 0)} chunks adopted, {es.get('copied', 0)} pieces copied")
     if st.get("metrics_url"):
         head.append(f"  metrics {st['metrics_url']}")
     parts.append(head)

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import logging
 import os
 import socket
 import struct
 import subprocess
 
 from . import abi
+
+log = logging.getLogger("ckptfs.fuse.kernel")
 
 DEVICE = "/dev/fuse"
 MAX_PAGES_LIMIT_PATH = "/proc/sys/fs/fuse/max_pages_limit"
@@ -132,6 +135,9 @@ def raise_max_pages_limit(pages: int, path: str = MAX_PAGES_LIMIT_PATH) -> int:
     current = max_pages_limit(path)
     if pages <= current:
         return current
-    with open(path, "w") as f:
-        f.write(str(pages))
+    try:
+        with open(path, "w") as f:
+            f.write(str(pages))
+    except OSError as e:  # a read-only /proc/sys (a container), or a kernel capping the value
+        log.warning("could not raise %s to %d (%s): requests stay at most %d pages", path, pages, e, current)
     return max_pages_limit(path)

@@ -66,13 +66,16 @@ class Negotiated:
         return self.has(abi.FUSE_SETXATTR_EXT)
 
 
-def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = None,
+def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
               max_pages_limit: int = 256, page_size: int = abi.PAGE_SIZE,
               max_background: int = 64, max_readahead: int | None = None) -> tuple[InitOut, Negotiated]:
     """The INIT reply and the agreement, or ProtocolError for a kernel we cannot speak to.
 
     `max_write`: the largest WRITE wanted (default: the largest power of two the kernel allows;
     pass the chunk size, or a multiple of it, to keep requests on the chunk grid).
+    `grain`: with a `max_write` of several grains (chunks), the limit may cut it: it is then the
+    most whole grains that fit with the spare page (below), and one grain where none does (e.g.
+    4 chunks wanted, limit 257: 1 chunk and 257 pages; limit 1024: 3 chunks and 769 pages).
     """
     if req.major != abi.KERNEL_VERSION:
         raise ProtocolError(f"kernel speaks FUSE {req.major}.{req.minor}, this server {abi.KERNEL_VERSION}.x")
@@ -92,6 +95,9 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
         size = 1 << (cap.bit_length() - 1)
     else:
         size = max(page_size, min(max_write, cap))
+        if grain and size > grain:  # whole grains, with the spare page where the limit allows
+            room = (limit - 1) * page_size if flags & abi.FUSE_MAX_PAGES else cap
+            size = max(1, min(max_write, room) // grain) * grain
     # One page more than max_write needs, where the limit allows: a writer's buffer that is
     # not page-aligned spans one page more, and the kernel cuts requests at max_pages, so
     # without the spare page a 1 MiB write() from malloc'd memory arrives as 1 MiB - 16 bytes

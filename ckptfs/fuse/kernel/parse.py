@@ -7,9 +7,11 @@ struct, or a length field that disagrees with the bytes received raises
 `ProtocolError` with a message naming the opcode, the unique and the numbers,
 and nothing else. The session replies EIO to such a request and goes on.
 
-WRITE payloads are never copied: `Write.data` is a memoryview of the buffer
-they were read into (`payload`, when the session read the request into two
-buffers, else the tail of `body`). Everything else is small and copied into
+WRITE payloads are never copied: `Write.pieces` are memoryviews of the
+buffers they were read into (`payload`, when the session read the request
+into more than one buffer, else the tail of `body`); `payload` may itself be
+a list of buffers a readv scattered the data over, in order, and the pieces
+are then views of each. Everything else is small and copied into
 `bytes`. Request extensions (`total_extlen`: security contexts, supplementary
 groups, never negotiated here) are cut off the end and ignored.
 
@@ -210,33 +212,47 @@ _PARSERS = {
 }
 
 
+def _buffers(payload) -> list[memoryview]:
+    """`payload` (one buffer, or a list or tuple of them) as a list of byte views."""
+    if isinstance(payload, (list, tuple)):
+        return [memoryview(p).cast("B") for p in payload]
+    return [memoryview(payload).cast("B")]
+
+
 def parse_write(h: Header, body, payload=None) -> Write:
-    """A WRITE: `body` starts with fuse_write_in; the data is `payload` if given, else the rest of body."""
+    """A WRITE: `body` starts with fuse_write_in; the data is `payload` if given (one buffer, or a
+    list of them: the pieces of a scattered read, empty ones left out), else the rest of body."""
     fh, offset, size, wflags, owner, flags, _ = _fixed(h, body, abi.WRITE_IN, "fuse_write_in")
-    data = memoryview(body)[abi.WRITE_IN.size:] if payload is None else memoryview(payload)
-    if len(data) != size:
-        raise ProtocolError(f"FUSE_WRITE (unique {h.unique}): {len(data)} bytes of data, "
+    if payload is None:
+        pieces = [memoryview(body)[abi.WRITE_IN.size:]]
+    else:
+        pieces = [p for p in _buffers(payload) if p.nbytes] or [memoryview(b"")]
+    got = sum(p.nbytes for p in pieces)
+    if got != size:
+        raise ProtocolError(f"FUSE_WRITE (unique {h.unique}): {got} bytes of data, "
                             f"fuse_write_in.size says {size}")
-    return Write(h, fh, offset, size, wflags, owner, flags, data)
+    return Write(h, fh, offset, size, wflags, owner, flags, tuple(pieces))
 
 
 def parse_request(header, body, payload=None, *, setxattr_ext: bool = False) -> Request:
     """The typed request made of `header` (a Header or its 40 raw bytes) and the bytes after it.
 
-    `payload` is the second buffer of a split read (see session.py): a WRITE's data
-    stays in it uncopied; for any other opcode it is joined to `body`.
+    `payload` is what a split read put after the header buffer (see session.py): one buffer,
+    or a list of buffers a readv scattered it over. A WRITE's data stays in it uncopied; for
+    any other opcode it is joined to `body`.
     `setxattr_ext`: whether FUSE_SETXATTR_EXT was negotiated (a longer fuse_setxattr_in).
     Raises ProtocolError for anything truncated or inconsistent.
     """
     h = header if isinstance(header, Header) else parse_header(header)
-    got = abi.IN_HEADER.size + len(body) + (len(payload) if payload is not None else 0)
+    buffers = [] if payload is None else _buffers(payload)
+    got = abi.IN_HEADER.size + len(body) + sum(b.nbytes for b in buffers)
     if got != h.length:
         raise ProtocolError(f"{_op_name(h.opcode)} (unique {h.unique}): length field says {h.length} "
                             f"bytes, the request has {got}")
     if h.opcode == Op.WRITE:
-        return parse_write(h, body, payload)
-    if payload is not None and len(payload):
-        body = bytes(body) + bytes(payload)
+        return parse_write(h, body, None if payload is None else buffers)
+    if any(b.nbytes for b in buffers):
+        body = b"".join([bytes(body), *buffers])
     if h.total_extlen:
         ext = h.total_extlen * 8
         if ext > len(body):

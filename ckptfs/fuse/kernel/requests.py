@@ -7,7 +7,9 @@ opcode defined here (`Lookup`, `Write`, ...). Each carries the `Header`
 (unique, nodeid, uid/gid/pid of the caller) and, as `method`, the name of the
 handler method that serves it (session.py dispatches on it). Fields keep the
 kernel's names; times are integer nanoseconds; names are bytes without their
-NUL. `Write.data` is a memoryview of the buffer the payload was read into.
+NUL. `Write.pieces` are memoryviews of the buffers the payload was read into
+(one, or several when the read scattered it, e.g. over arena slots);
+`Write.data` is the payload in one buffer (a view when it is in one piece).
 """
 from __future__ import annotations
 
@@ -193,7 +195,16 @@ class Write(Request):
     write_flags: int  # FUSE_WRITE_KILL_SUIDGID, ...
     lock_owner: int
     flags: int
-    data: memoryview  # valid until the handler returns, unless it keeps the buffer (see session)
+    # the data: views of the buffers it was read into, in order (one unless the read scattered it
+    # over several); valid until the handler returns, unless it keeps the buffers (see session)
+    pieces: tuple[memoryview, ...]
+
+    @property
+    def data(self) -> memoryview:
+        """The data in one buffer: a view when it is in one piece, else a copy joining the pieces."""
+        if len(self.pieces) == 1:
+            return self.pieces[0]
+        return memoryview(b"".join(self.pieces))
 
 
 @_request("statfs")

@@ -11,13 +11,16 @@ Lifecycle::
 
 Threads: worker 0 reads the session descriptor, workers 1..N-1 each read a
 clone (FUSE_DEV_IOC_CLONE); the kernel hands each request to one reader.
-Each worker reads with ``os.readv(fd, [header, payload])``: an 80-byte header
-buffer (fuse_in_header + fuse_write_in) and a payload buffer, so a WRITE's
-data lands in the payload buffer on its own. By default the payload buffer is
-the worker's; a `write_buffer(worker)` hook may supply it instead, before
-every read (e.g. a free arena slot): the write handler then finds its data
-already in place and may keep the buffer (the hook returns a fresh one next
-time; None: the worker's own). The buffer must hold `payload_size` bytes.
+Each worker reads with ``os.readv(fd, [header, *payload])``: an 80-byte header
+buffer (fuse_in_header + fuse_write_in) and the payload buffers, so a WRITE's
+data lands in the payload buffers on its own. By default the payload is one
+buffer of the worker's; a `write_buffer(worker)` hook may supply it instead,
+before every read: one buffer, or a list of buffers the read scatters the
+payload over in order (e.g. a run of free arena slots, one chunk each, for
+requests of several chunks: `Write.pieces` are then views of each). The write
+handler finds its data already in place and may keep buffers (the hook
+returns fresh ones next time; None: the worker's own). Together they must
+hold `payload_size` bytes (max_write, or the room a non-WRITE request needs).
 Replies go out with ``os.writev(fd, [out_header, *data])``: READ data may be
 views of the arena or of device buffers, never copied here; a result with a
 `release()` method is released once its reply is written (or dropped), so a
@@ -95,6 +98,17 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def _filled(buffers: list[memoryview], size: int) -> list[memoryview]:
+    """Views of the first `size` bytes a readv put into `buffers` (filled in order)."""
+    out = []
+    for buf in buffers:
+        if size <= 0:
+            break
+        out.append(buf[:size])
+        size -= buf.nbytes
+    return out
+
+
 def _errno_of(exc: BaseException, what: str) -> int:
     code = getattr(exc, "errno", None)
     if isinstance(code, int) and 0 < code < 512:
@@ -106,7 +120,8 @@ def _errno_of(exc: BaseException, what: str) -> int:
 class Session:
     def __init__(self, handler, mountpoint: str, *, threads: int | None = None, fsname: str = "ckptfs",
                  subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
-                 want: int = DEFAULT_WANT, max_write: int | None = None, raise_max_pages: bool = False,
+                 want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
+                 raise_max_pages: bool = False,
                  write_buffer=None, after_reply=None, use_fusermount: bool | None = None):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
@@ -114,6 +129,7 @@ class Session:
         self.fsname, self.subtype = fsname, subtype
         self.allow_other, self.default_permissions = allow_other, default_permissions
         self.want, self.max_write = want, max_write
+        self.grain = grain  # max_write stays a whole number of these (chunks) when the limit cuts it
         self.raise_max_pages = raise_max_pages
         self.write_buffer = write_buffer
         self.after_reply = after_reply
@@ -175,7 +191,8 @@ class Session:
         if not isinstance(req, Init):
             raise ProtocolError(f"the first request is opcode {h.opcode}, not INIT")
         try:
-            out, neg = negotiate(req, want=self.want, max_write=self.max_write, max_pages_limit=self._pages_limit)
+            out, neg = negotiate(req, want=self.want, max_write=self.max_write, grain=self.grain,
+                                 max_pages_limit=self._pages_limit)
             init = getattr(self.handler, "init", None)
             if init is not None:
                 init(neg)
@@ -262,16 +279,25 @@ class Session:
         return total
 
     # ---- the workers ---------------------------------------------------------------------
-    def _payload(self, index: int, own: memoryview) -> memoryview:
-        buf = None if self.write_buffer is None else self.write_buffer(index)
-        if buf is None:
-            return own
-        buf = memoryview(buf).cast("B")
-        if buf.readonly or buf.nbytes < self.payload_size:
-            log.error("write_buffer gave %d bytes (%s); need %d writable: using the worker's own buffer",
-                      buf.nbytes, "read-only" if buf.readonly else "writable", self.payload_size)
-            return own
-        return buf[:self.payload_size]
+    def _payload(self, index: int, own: memoryview) -> list[memoryview]:
+        """The buffers the next request's payload is read into: the hook's (cut at
+        `payload_size`), or the worker's own."""
+        given = None if self.write_buffer is None else self.write_buffer(index)
+        if given is None:
+            return [own]
+        out, room = [], self.payload_size
+        for buf in given if isinstance(given, (list, tuple)) else (given,):
+            buf = memoryview(buf).cast("B")
+            if buf.readonly:
+                log.error("write_buffer gave a read-only buffer: using the worker's own")
+                return [own]
+            out.append(buf[:room])
+            room -= out[-1].nbytes
+            if not room:
+                return out
+        log.error("write_buffer gave %d bytes; need %d: using the worker's own buffer",
+                  self.payload_size - room, self.payload_size)
+        return [own]
 
     def _worker(self, index: int, fd: int) -> None:
         hdr = bytearray(abi.WRITE_HEADER_SIZE)
@@ -282,7 +308,7 @@ class Session:
             while True:
                 payload = self._payload(index, own)
                 try:
-                    n = os.readv(fd, [hdr, payload])
+                    n = os.readv(fd, [hdr, *payload])
                 except OSError as e:
                     if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                         continue  # ENOENT: the request was interrupted before we got it
@@ -301,7 +327,7 @@ class Session:
                 os.close(fd)
             log.debug("worker %d exits", index)
 
-    def _serve_one(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
+    def _serve_one(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict) -> None:
         unique = abi.IN_HEADER.unpack_from(head)[2] if n >= abi.IN_HEADER.size else None
         try:
             self._serve_request(fd, head, payload, n, counts)
@@ -311,14 +337,14 @@ class Session:
             if self.after_reply is not None:
                 self.after_reply()
 
-    def _serve_request(self, fd: int, head: memoryview, payload: memoryview, n: int, counts: dict) -> None:
+    def _serve_request(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict) -> None:
         if n < abi.IN_HEADER.size:
             log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
             return
         h = parse_header(head)
         try:
             req = parse_request(h, head[abi.IN_HEADER.size:min(n, len(head))],
-                                payload[:n - len(head)] if n > len(head) else None,
+                                _filled(payload, n - len(head)) if n > len(head) else None,
                                 setxattr_ext=self.negotiated.setxattr_ext)
         except ProtocolError as e:
             log.error("bad request: %s", e)
