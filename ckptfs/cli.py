@@ -116,7 +116,8 @@ def _check_restore(args) -> None:
     if args.restore_from is None:
         return
     from .replicate.manifest import parse_url
-    from .replicate.s3client import SourceError, load_manifest, make_client
+    from .replicate.client import Target
+    from .replicate.restore import SourceError, load_manifest
 
     try:
         url = parse_url(args.restore_from)
@@ -128,7 +129,7 @@ def _check_restore(args) -> None:
         raise UsageError("--restore-from builds a new pool from the object store: add --format (it erases the "
                          "devices); to go on with an interrupted restore, mount without --restore-from")
     try:
-        manifest = load_manifest(make_client(args.s3_endpoint, attempts=2, connect_timeout=3), url)
+        manifest = load_manifest(Target(url, args.s3_endpoint, attempts=2, connect_timeout=3))
     except SourceError as e:
         raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
     chunk = str(manifest.chunk_size)

@@ -361,7 +361,7 @@ def test_bad_restore_input_is_one_line_exit_2_and_nothing_changes(s3, source, mo
     cases = {
         "not an s3:// URL": ["--format", "--restore-from", "http://b/p", "--s3-endpoint", s3.endpoint],
         "not a valid bucket name": ["--format", "--restore-from", "s3://B_ad/p", "--s3-endpoint", s3.endpoint],
-        "no such bucket": ["--format", "--restore-from", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
+        "bucket does not exist": ["--format", "--restore-from", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
         "no manifest under": ["--format", "--restore-from", f"s3://{bucket}/elsewhere", "--s3-endpoint", s3.endpoint],
         "cannot reach the object store": ["--format", "--restore-from", ok[0], "--s3-endpoint", "http://127.0.0.1:1"],
         "add --format": ["--restore-from", *ok],

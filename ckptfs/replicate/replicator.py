@@ -262,7 +262,7 @@ class Replicator:
             self.kept[g] = None
         for g in gens[-self.keep:]:
             try:
-                self.kept[g] = Manifest.decode(await self._s3(self.target.get, manifest_name(g)), manifest_name(g))
+                self.kept[g] = await self._s3(self.target.manifest, g)
             except BadManifest as e:
                 log.warning("replicate.bad_manifest", extra={"fields": {"manifest": manifest_name(g), "error": str(e)}})
         newest = self.kept.get(self.generation)

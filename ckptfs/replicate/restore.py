@@ -56,8 +56,8 @@ from ..fs.filemap import NeedsFetch
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
 from ..fs.remote import NeedsRestore, Remote
 from . import plan
-from .manifest import Entry, Manifest, parse_url
-from .s3client import SourceError, describe, load_manifest, make_client
+from .client import S3Error, Target
+from .manifest import MANIFESTS, BadManifest, Entry, Manifest, parse_url
 
 log = logging.getLogger("ckptfs.restore")
 RUN_BYTES = 8 << 20  # one GET fetches at most this many bytes of consecutive chunks
@@ -72,6 +72,24 @@ LOADING, FETCHING, SYNCING, DONE = "loading", "fetching", "syncing", "done"
 
 class RestoreError(FsError):
     """A chunk could not be restored; the message says why (EIO to a read that needed it)."""
+
+
+class SourceError(Exception):
+    """The object store cannot give what a restore needs; the message says why, in one line."""
+
+
+def load_manifest(target: Target, generation: int | None = None) -> Manifest:
+    """In a worker thread: the manifest of `generation` (None: the newest) under `target`'s prefix."""
+    try:
+        if generation is None:
+            gens = target.generations()
+            if not gens:
+                raise SourceError(f"no manifest under {target.url}: nothing was replicated there "
+                                  f"(expected {target.url}{MANIFESTS}<generation>.json)")
+            generation = gens[-1]
+        return target.manifest(generation)
+    except (S3Error, BadManifest) as e:
+        raise SourceError(str(e)) from None
 
 
 class FileJob(Remote):
@@ -115,14 +133,14 @@ class Rate:
         await trio.sleep_until(start)
 
 
-def _get_range(client, bucket: str, key: str, start: int, end: int, crcs: list[int], first: int,
+def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], first: int,
                chunk_size: int, what: str) -> bytes:
     """In a worker thread: bytes [start, end) of the object, each chunk checked against its CRC-32C."""
     try:
-        body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
-        data = body.read()
-    except Exception as e:  # noqa: BLE001 - one line with the cause
-        raise RestoreError(f"fetch of {what} bytes {start}-{end - 1} failed: {describe(e, f's3://{bucket}/{key}')}")
+        data = target.get(obj, start, end)
+    except S3Error as e:
+        raise RestoreError(f"fetch of {what} failed: {e}") from None
+    bucket, key = target.bucket, target.key(obj)
     if len(data) != end - start:
         raise RestoreError(f"short read of s3://{bucket}/{key} bytes {start}-{end - 1} ({what}): "
                            f"got {len(data)} bytes, wanted {end - start}")
@@ -138,12 +156,12 @@ def _get_range(client, bucket: str, key: str, start: int, end: int, crcs: list[i
 
 class Restorer:
     def __init__(self, fs, store, source: plan.Source, *, concurrency: int = 8, rate: float | None = None,
-                 client=None):
+                 target: Target | None = None):
         self.fs = fs
         self.store = store
         self.source = source
         self.url = parse_url(source.url)
-        self.client = client
+        self.target = target
         self.concurrency = concurrency
         self.rate = Rate(rate) if rate else None
         self.bg_limiter = trio.CapacityLimiter(concurrency)
@@ -168,10 +186,10 @@ class Restorer:
         self.known_source = True  # False: files are marked but the source is not recorded
 
     # ---- setup (before serving, no awaits) ------------------------------------
-    def _client(self):
-        if self.client is None:
-            self.client = make_client(self.source.endpoint, connections=self.concurrency + DEMAND_SLOTS + 2)
-        return self.client
+    def _target(self) -> Target:
+        if self.target is None:
+            self.target = Target(self.url, self.source.endpoint, connections=self.concurrency + DEMAND_SLOTS + 2)
+        return self.target
 
     def use_manifest(self, manifest: Manifest) -> None:
         """The manifest is known: find each file's entry and what is already on the devices."""
@@ -257,8 +275,7 @@ class Restorer:
         delay = RETRY_MIN
         while True:
             try:
-                manifest = await trio.to_thread.run_sync(load_manifest, self._client(), self.url,
-                                                         self.source.generation)
+                manifest = await trio.to_thread.run_sync(load_manifest, self._target(), self.source.generation)
                 self.use_manifest(manifest)
                 self.load_error = None
                 log.info("restore.resumed", extra={"fields": {
@@ -389,8 +406,7 @@ class Restorer:
             # a slot is held until the bytes are in the file: memory in flight stays bounded
             async with self.demand_limiter if demand else self.bg_limiter:
                 data = await trio.to_thread.run_sync(
-                    _get_range, self._client(), self.url.bucket, self.url.key(entry.object), start, end,
-                    entry.crcs, first, cs, what)
+                    _get_range, self._target(), entry.object, start, end, entry.crcs, first, cs, what)
                 self.bytes_fetched += len(data)
                 await self._deliver(job, first, data)
                 del data
