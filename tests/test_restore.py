@@ -367,6 +367,10 @@ def test_bad_restore_input_is_one_line_exit_2_and_nothing_changes(s3, source, mo
         "add --format": ["--restore-from", *ok],
         "differs from the chunk size of the manifest": ["--format", "--chunk-size", "4M", "--restore-from", *ok],
         "bad --s3-endpoint": ["--format", "--restore-from", ok[0], "--s3-endpoint", "localhost:9000"],
+        "needs --restore-from": ["--format", "--restore-if-any"],
+        # --restore-if-any forgives an empty prefix only, never a store that fails
+        "manifests/: the bucket does not exist": ["--format", "--restore-if-any", "--restore-from",
+                                                   "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
     }
     for want, args in cases.items():
         res = ckptfs(*base, *args, timeout=60)

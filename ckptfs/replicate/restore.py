@@ -78,13 +78,17 @@ class SourceError(Exception):
     """The object store cannot give what a restore needs; the message says why, in one line."""
 
 
+class NothingReplicated(SourceError):
+    """The prefix holds no manifest: nothing was ever replicated there (or all of it was deleted)."""
+
+
 def load_manifest(target: Target, generation: int | None = None) -> Manifest:
     """In a worker thread: the manifest of `generation` (None: the newest) under `target`'s prefix."""
     try:
         if generation is None:
             gens = target.generations()
             if not gens:
-                raise SourceError(f"no manifest under {target.url}: nothing was replicated there "
+                raise NothingReplicated(f"no manifest under {target.url}: nothing was replicated there "
                                   f"(expected {target.url}{MANIFESTS}<generation>.json)")
             generation = gens[-1]
         return target.manifest(generation)
