@@ -80,10 +80,18 @@ def test_content_key_changes_with_the_contents_and_only_then():
     s.apply(("setattr", 3, 0o600, None, None, None, None, 20))  # a chmod: same object
     m2, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
     f = lambda m: {e.path: e.object for e in m.entries}["d/f"]  # noqa: E731
+    mtime = lambda m: {e.path: e.mtime_ns for e in m.entries}["d/f"]  # noqa: E731
     assert f(m1) == f(m2) and not same_tree(m1, m2)
-    content(s, 3, b"y" * 10000, 12, 20)  # new contents, even with the same size and mtime
+    s.apply(("setattr", 3, None, None, None, 5, 99, 21))  # a utime: same object, the manifest has the time
+    m2b, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
+    assert f(m2b) == f(m2) and mtime(m2b) == 99 and not same_tree(m2, m2b)
+    content(s, 3, b"y" * 10000, 99, 20)  # new contents, even with the same size and mtime
     m3, versions = take(s, pool="p", seq=3, chunk_size=CHUNK, time_ns=3)
     assert f(m3) != f(m2) and f(m3) in versions
+    content(s, 3, b"y" * 10000, 99, 40)  # the same bytes rewritten (other units): a new version
+    m3b, _ = take(s, pool="p", seq=3, chunk_size=CHUNK, time_ns=3)
+    assert f(m3b) != f(m3)
+    content(s, 3, b"y" * 10000, 99, 20)
     m4, _ = take(s, pool="p", seq=4, chunk_size=CHUNK, time_ns=4, generation=9)
     assert same_tree(m3, m4)
 
