@@ -222,6 +222,34 @@ def test_formats_blank_devices_serves_and_drains_on_sigterm(setting):
 
 @pytest.mark.mount
 @pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
+def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(setting, s3, tmp_path):
+    from s3seed import publish
+    devs, mp, env, procs = setting
+    bucket = f"entrypoint-restore-{os.getpid()}"
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    data = os.urandom((5 << 20) + 77)
+    (tree / "ckpt.pt").write_bytes(data)
+    publish(client, bucket, "pod-0", tree)
+    env.update(s3.env(), CKPTFS_RESTORE_FROM=f"s3://{bucket}/pod-0", CKPTFS_S3_ENDPOINT=s3.endpoint)
+    p = start(env)
+    procs.append(p)
+    wait_live(mp, p)
+    assert (mp / "ckpt.pt").read_bytes() == data  # fetched on first read
+    rc, out = stop(p)
+    assert rc == 0 and "the devices are blank: restoring" in out and "stopped: everything is on the devices" in out
+    p = start(env)  # a restart: the pool is mounted as it is
+    procs.append(p)
+    wait_live(mp, p)
+    assert (mp / "ckpt.pt").read_bytes() == data
+    rc, out = stop(p)
+    assert rc == 0 and "mounting what they hold" in out and "--restore-from" not in out, out
+
+
+@pytest.mark.mount
+@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_clears_a_killed_daemons_stale_mount_and_keeps_the_pool(setting):
     devs, mp, env, procs = setting
     p = start(env)
