@@ -22,7 +22,9 @@ READAHEAD chunks. The background fetches every file, newest first, with
 (concurrency + DEMAND_SLOTS) x RUN_BYTES, plus the arena, whose backpressure
 it waits on like any writer) and an optional byte rate. Failed fetches are
 retried with backoff; their causes show in `snapshot()` (ckptfs status, the
-control API, metrics) and in the log.
+control API, metrics) and in the log. Every object-store call goes through
+client.py's `Target` (one line per failure, with its cause); `load_manifest`
+turns what it raises into `SourceError` for the CLI and the daemon.
 
 Crash safety. Two hidden journaled xattrs (plan.py) say what is still
 remote: the root's ``ckptfs.restore.source`` (URL, endpoint, generation,
@@ -89,7 +91,7 @@ def load_manifest(target: Target, generation: int | None = None) -> Manifest:
             gens = target.generations()
             if not gens:
                 raise NothingReplicated(f"no manifest under {target.url}: nothing was replicated there "
-                                  f"(expected {target.url}{MANIFESTS}<generation>.json)")
+                                        f"(expected {target.url}{MANIFESTS}<generation>.json)")
             generation = gens[-1]
         return target.manifest(generation)
     except (S3Error, BadManifest) as e:
