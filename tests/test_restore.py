@@ -420,6 +420,37 @@ async def _read_all(mount, path: bytes) -> bytes:
         await mount.afs.release(fh)
 
 
+def test_a_read_that_comes_before_the_restorer_runs_waits_for_it(source):
+    import trio
+    from faulty import make_faulty
+    from s3seed import publish
+    data = os.urandom(200 << 10)
+    (source.tree / "f.bin").write_bytes(data)
+    publish(source.client, source.bucket, "node0", source.tree, chunk_size=64 << 10)
+    mount = _assemble(make_faulty(2, 16 << 20), format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
+    got = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mount.store.run)
+            mount.restorer.prepare()  # the tree is built: the daemon starts the engine here
+
+            async def read():
+                got.append(await _read_all(mount, b"f.bin"))
+
+            nursery.start_soon(read)
+            await trio.sleep(0.2)  # the read waits; the restorer starts only now, as in daemon.main
+            assert not got
+            await nursery.start(mount.restorer.run)
+            with trio.fail_after(30):
+                while not got:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert got == [data]
+
+
 def test_a_crash_while_the_tree_is_built_restarts_the_restore_on_a_fresh_pool(source):
     import trio
     from faulty import make_faulty

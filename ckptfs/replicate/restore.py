@@ -178,6 +178,7 @@ class Restorer:
         self.load_error: str | None = None
         self.jobs: dict[int, FileJob] = {}
         self.nursery: trio.Nursery | None = None
+        self.running = trio.Event()  # run() has its nursery: fetches can start
         self.state = LOADING
         self.files_total = self.bytes_total = 0
         self.files_done = self.bytes_done = 0
@@ -249,6 +250,7 @@ class Restorer:
         self.token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            self.running.set()
             task_status.started()
             if not self.known_source:
                 self.load_tried.set()
@@ -349,7 +351,10 @@ class Restorer:
 
     # ---- fetching -------------------------------------------------------------
     async def demand(self, need: NeedsRestore) -> None:
-        """A read (or a write, a truncate) waits for chunks of a file being restored."""
+        """A read (or a write, a truncate) waits for chunks of a file being restored. The engine
+        serves as soon as the tree is built, a moment before the daemon starts `run`: a read that
+        comes first waits for it (a fetch started without the nursery would never end)."""
+        await self.running.wait()
         job = need.remote
         if not isinstance(job, FileJob) or not job.active:
             return  # completed or cancelled meanwhile: the caller retries
