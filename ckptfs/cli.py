@@ -114,9 +114,12 @@ def _check_restore(args) -> None:
     if args.restore_rate is not None and parse_size(args.restore_rate, what="--restore-rate") <= 0:
         raise UsageError(f"bad --restore-rate {args.restore_rate}: must be a positive size per second")
     if args.restore_from is None:
+        if args.restore_if_any:
+            raise UsageError("--restore-if-any needs --restore-from")
         return
+    from .replicate.client import Target
     from .replicate.manifest import parse_url
-    from .replicate.s3client import SourceError, load_manifest, make_client
+    from .replicate.restore import NothingReplicated, SourceError, load_manifest
 
     try:
         url = parse_url(args.restore_from)
@@ -128,7 +131,14 @@ def _check_restore(args) -> None:
         raise UsageError("--restore-from builds a new pool from the object store: add --format (it erases the "
                          "devices); to go on with an interrupted restore, mount without --restore-from")
     try:
-        manifest = load_manifest(make_client(args.s3_endpoint, attempts=2, connect_timeout=3), url)
+        manifest = load_manifest(Target(url, args.s3_endpoint, attempts=2, connect_timeout=3))
+    except NothingReplicated as e:
+        if not args.restore_if_any:
+            raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
+        print(f"ckptfs mount: nothing replicated under {url} yet: formatting an empty pool (--restore-if-any)",
+              file=sys.stderr)
+        args.restore_from = None
+        return
     except SourceError as e:
         raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
     chunk = str(manifest.chunk_size)
@@ -448,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "are never capped)")
     m.add_argument("--restore-concurrency", type=int, default=8,
                    help="ranged GETs in flight for the background restore (default %(default)s)")
+    m.add_argument("--restore-if-any", action="store_true",
+                   help="with --restore-from: when nothing was replicated under the prefix yet (a job's first "
+                        "start), format an empty pool instead of failing; any other failure still fails")
     m.add_argument("--restore-generation", type=int, default=None, help=argparse.SUPPRESS)
     m.add_argument("--replicate", metavar="s3://BUCKET/PREFIX", default=None,
                    help="copy every durable state to this object store prefix in the background "

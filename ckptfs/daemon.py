@@ -45,8 +45,7 @@ from .replicate.client import Target
 from .replicate.manifest import parse_url
 from .replicate.plan import Source
 from .replicate.replicator import Replicator
-from .replicate.restore import Restorer
-from .replicate.s3client import SourceError, load_manifest, make_client
+from .replicate.restore import Restorer, SourceError, load_manifest
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
 from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
 
@@ -209,7 +208,7 @@ def _restorer(cfg: MountConfig, fs: Filesystem, store: Store) -> Restorer | None
         return restore.resume(fs, store, cfg.s3_endpoint, **kw)
     try:
         url = parse_url(cfg.restore_from)
-        manifest = load_manifest(make_client(cfg.s3_endpoint, attempts=2), url, cfg.restore_generation)
+        manifest = load_manifest(Target(url, cfg.s3_endpoint, attempts=2), cfg.restore_generation)
         source = Source(cfg.restore_from, cfg.s3_endpoint, manifest.generation)
         return restore.fresh(fs, store, manifest, source, **kw)
     except (ValueError, SourceError) as e:

@@ -12,7 +12,9 @@ Mounting, it
 1. clears a stale mount that a killed predecessor left at the mountpoint ("Transport
    endpoint is not connected"), so a restarted sidecar comes up over it;
 2. formats the devices first when CKPTFS_FORMAT=if-needed and every device is blank
-   (its first MiB all zeros): a pool, or anything else, is never overwritten;
+   (its first MiB all zeros): a pool, or anything else, is never overwritten; with
+   CKPTFS_RESTORE_FROM the mount formats them itself and restores into them the newest
+   state replicated under that prefix (nothing there yet: an empty pool);
 3. runs `ckptfs mount MP --foreground` as its child and, once the mount is live, gives
    its root directory to CKPTFS_OWNER;
 4. on SIGTERM or SIGINT passes SIGTERM to the daemon, which unmounts (lazily: the
@@ -30,6 +32,12 @@ Environment (used when no arguments are given; CKPTFS_FORMAT and CKPTFS_OWNER al
                      give each node or pod its own prefix (e.g. .../node-$NODE_RANK); the
                      credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_DEFAULT_REGION
                      (or AWS_* web identity / instance role) in the environment
+  CKPTFS_RESTORE_FROM  s3://BUCKET/PREFIX, with CKPTFS_FORMAT=if-needed: blank devices (a
+                     replacement node or pod) are restored from the newest state replicated
+                     there, usually this pod's own CKPTFS_REPLICATE prefix: the tree at once,
+                     contents on first read and in the background. A prefix that holds nothing
+                     yet (the job's first start) gives an empty pool; devices that hold a pool
+                     are mounted as they are (an interrupted restore goes on by itself)
   CKPTFS_S3_ENDPOINT the object store's URL, for stores other than AWS S3 (MinIO, Ceph, SeaweedFS)
   CKPTFS_FORMAT      never (default) or if-needed
   CKPTFS_OWNER       UID[:GID] to own the mount's root directory (non-root trainers)
@@ -192,8 +200,9 @@ def mount_command(argv: list[str], env: dict) -> tuple[list[str], str, list[str]
         if env.get("CKPTFS_REPLICATE"):
             cmd += ["--replicate", env["CKPTFS_REPLICATE"]]
         if env.get("CKPTFS_S3_ENDPOINT"):
-            if not env.get("CKPTFS_REPLICATE"):
-                raise Fatal("CKPTFS_S3_ENDPOINT is set but CKPTFS_REPLICATE is not (s3://BUCKET/PREFIX)")
+            if not env.get("CKPTFS_REPLICATE") and not env.get("CKPTFS_RESTORE_FROM"):
+                raise Fatal("CKPTFS_S3_ENDPOINT is set but neither CKPTFS_REPLICATE nor CKPTFS_RESTORE_FROM is "
+                            "(s3://BUCKET/PREFIX)")
             cmd += ["--s3-endpoint", env["CKPTFS_S3_ENDPOINT"]]
         try:
             cmd += shlex.split(env.get("CKPTFS_ARGS", ""))
@@ -202,6 +211,22 @@ def mount_command(argv: list[str], env: dict) -> tuple[list[str], str, list[str]
     if "--foreground" not in cmd and "-f" not in cmd:
         cmd.append("--foreground")
     return cmd, os.path.abspath(mp), [d.strip() for d in devices.split(",")]
+
+
+def restore_source(argv: list[str], env: dict, fmt: str) -> str | None:
+    """CKPTFS_RESTORE_FROM, checked: an s3:// URL, with CKPTFS_FORMAT=if-needed, in the env form."""
+    url = env.get("CKPTFS_RESTORE_FROM", "").strip()
+    if not url:
+        return None
+    if argv:
+        raise Fatal("CKPTFS_RESTORE_FROM is for the environment form; with arguments give "
+                    "--format --restore-from yourself")
+    if not url.startswith("s3://"):
+        raise Fatal(f"bad CKPTFS_RESTORE_FROM={url}: expected s3://BUCKET/PREFIX")
+    if fmt != "if-needed":
+        raise Fatal("CKPTFS_RESTORE_FROM needs CKPTFS_FORMAT=if-needed: it restores into blank devices only "
+                    "(a pool on the devices is mounted as it is)")
+    return url
 
 
 def parse_owner(text: str) -> tuple[int, int] | None:
@@ -304,11 +329,16 @@ def run_mount(argv: list[str], env: dict) -> int:
     fmt = env.get("CKPTFS_FORMAT") or "never"
     if fmt not in FORMAT_MODES:
         raise Fatal(f"bad CKPTFS_FORMAT={fmt}: expected never or if-needed")
+    restore = restore_source(argv, env, fmt)
     owner = parse_owner(env.get("CKPTFS_OWNER", ""))
     supervisor = Supervisor(cmd, mp, owner)
     prepare_mountpoint(mp)
     if fmt == "if-needed" and "--format" not in cmd:
-        if blank_devices(devices):
+        if blank_devices(devices) and restore:
+            say(f"CKPTFS_FORMAT=if-needed: the devices are blank: restoring {','.join(devices)} from {restore} "
+                f"(an empty pool if nothing was replicated there yet)")
+            supervisor.cmd = [*cmd, "--format", "--restore-from", restore, "--restore-if-any"]
+        elif blank_devices(devices):
             say(f"CKPTFS_FORMAT=if-needed: the devices are blank: formatting {','.join(devices)}")
             res = subprocess.run(["ckptfs", "format", "--devices", ",".join(devices)])
             if res.returncode != 0:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import crc32c
 
+from ckptfs.format.records import Extent
 from ckptfs.replicate.manifest import Entry, Manifest, content_key, manifest_name, parse_url
 
 
@@ -45,7 +46,8 @@ def _entry(root: Path, path: Path, chunk_size: int) -> tuple[Entry, bytes | None
         e.size = len(data)
         e.crcs = chunk_crcs(data, chunk_size)
         lengths = [min(chunk_size, len(data) - i) for i in range(0, len(data), chunk_size)]
-        e.object = content_key(st.st_ino, st.st_mtime_ns, len(data), list(zip(lengths, e.crcs)))
+        e.object = content_key(st.st_ino, len(data), {i: Extent(0, st.st_mtime_ns + i, n, crc)  # made-up units
+                                                      for i, (n, crc) in enumerate(zip(lengths, e.crcs))})
     elif stat.S_ISLNK(st.st_mode):
         e.target = os.fsencode(os.readlink(path))
     return e, data

@@ -137,6 +137,11 @@ def test_compose_file():
     assert trainer["depends_on"]["ckptfs"]["condition"] == "service_healthy"
     assert "/app/train.py" in " ".join(trainer["command"])
     assert trainer["user"] == side["environment"]["CKPTFS_OWNER"]
+    # replication and restore: each node its own prefix, the same one for both by default
+    env = side["environment"]
+    assert env["CKPTFS_REPLICATE"] == "${CKPTFS_REPLICATE_TO:+${CKPTFS_REPLICATE_TO}/node-${NODE_RANK:-0}}"
+    assert env["CKPTFS_RESTORE_FROM"] == \
+        "${CKPTFS_RESTORE_FROM_ROOT:+${CKPTFS_RESTORE_FROM_ROOT}/node-${NODE_RANK:-0}}"
 
 
 def test_compose_file_is_valid_for_podman_compose():
@@ -163,6 +168,9 @@ def test_kubernetes_pod():
     # replication: each pod its own prefix, from a variable defined before it (Kubernetes expands $(VAR))
     assert env["CKPTFS_REPLICATE"].startswith("s3://") and "$(POD_NAME)" in env["CKPTFS_REPLICATE"]
     assert names.index("POD_NAME") < names.index("CKPTFS_REPLICATE")
+    # a replacement pod restores its own prefix into blank devices (needs CKPTFS_FORMAT=if-needed)
+    assert env["CKPTFS_RESTORE_FROM"] == env["CKPTFS_REPLICATE"]
+    assert names.index("POD_NAME") < names.index("CKPTFS_RESTORE_FROM") and env["CKPTFS_FORMAT"] == "if-needed"
     assert env["CKPTFS_MOUNTPOINT"].startswith(mounts["shared"]["mountPath"] + "/")
     volumes = {v["name"]: v for v in spec["volumes"]}
     for dev in env["CKPTFS_DEVICES"].split(","):  # every device is passed in, as a block device

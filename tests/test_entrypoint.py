@@ -91,6 +91,35 @@ def test_mount_command_from_env_and_from_args():
         E.mount_command([], {"CKPTFS_DEVICES": "/d/a", "CKPTFS_S3_ENDPOINT": "http://s3.local:8333"})
 
 
+def test_restore_from_env_restores_blank_devices_only(tmp_path, monkeypatch):
+    devs = make_devices(tmp_path, 2, 4 << 20)
+    env = {"CKPTFS_DEVICES": ",".join(str(d) for d in devs), "CKPTFS_MOUNTPOINT": str(tmp_path / "m"),
+           "CKPTFS_FORMAT": "if-needed", "CKPTFS_REPLICATE": "s3://ckpt/run/node-3",
+           "CKPTFS_RESTORE_FROM": "s3://ckpt/run/node-3", "CKPTFS_S3_ENDPOINT": "http://s3.local:8333"}
+    ran = []
+    monkeypatch.setattr(E.signal, "signal", lambda *a: None)  # the Supervisor's handlers: not in pytest
+    monkeypatch.setattr(E, "prepare_mountpoint", lambda mp: None)
+    monkeypatch.setattr(E.Supervisor, "run", lambda self: ran.append(self.cmd) or 0)
+    monkeypatch.setattr(E.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert E.run_mount([], env) == 0
+    assert ran == [["ckptfs", "mount", str(tmp_path / "m"), "--devices", env["CKPTFS_DEVICES"],
+                    "--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://s3.local:8333", "--foreground",
+                    "--format", "--restore-from", "s3://ckpt/run/node-3", "--restore-if-any"]]
+    with open(devs[0], "r+b") as f:  # a pool on the devices: mounted as it is, nothing formatted or restored
+        f.write(b"pool")
+    ran.clear()
+    assert E.run_mount([], env) == 0
+    assert len(ran) == 1 and "--restore-from" not in ran[0] and "--format" not in ran[0]
+    cmd, _, _ = E.mount_command([], {"CKPTFS_DEVICES": "/d/a", "CKPTFS_RESTORE_FROM": "s3://ckpt/run/node-3",
+                                     "CKPTFS_S3_ENDPOINT": "http://s3.local:8333"})
+    assert cmd[5:] == ["--s3-endpoint", "http://s3.local:8333", "--foreground"]  # restore_source adds the rest
+    for bad_env, argv, word in (({"CKPTFS_FORMAT": "never"}, [], "CKPTFS_FORMAT=if-needed"),
+                                ({"CKPTFS_RESTORE_FROM": "ckpt/run"}, [], "s3://"),
+                                ({}, ["mount", "/x", "--devices", "/d/a"], "--restore-from")):
+        with pytest.raises(E.Fatal, match=word):
+            E.run_mount(argv, {**env, **bad_env})
+
+
 def test_owner_and_mountinfo_parsing(tmp_path):
     assert E.parse_owner("") is None
     assert E.parse_owner("1000") == (1000, 1000)
@@ -189,6 +218,34 @@ def test_formats_blank_devices_serves_and_drains_on_sigterm(setting):
         assert (mnt / "ckpt.pt").read_bytes() == data
     finally:
         ckptfs("umount", str(mnt), check=True)
+
+
+@pytest.mark.mount
+@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
+def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(setting, s3, tmp_path):
+    from s3seed import publish
+    devs, mp, env, procs = setting
+    bucket = f"entrypoint-restore-{os.getpid()}"
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    data = os.urandom((5 << 20) + 77)
+    (tree / "ckpt.pt").write_bytes(data)
+    publish(client, bucket, "pod-0", tree)
+    env.update(s3.env(), CKPTFS_RESTORE_FROM=f"s3://{bucket}/pod-0", CKPTFS_S3_ENDPOINT=s3.endpoint)
+    p = start(env)
+    procs.append(p)
+    wait_live(mp, p)
+    assert (mp / "ckpt.pt").read_bytes() == data  # fetched on first read
+    rc, out = stop(p)
+    assert rc == 0 and "the devices are blank: restoring" in out and "stopped: everything is on the devices" in out
+    p = start(env)  # a restart: the pool is mounted as it is
+    procs.append(p)
+    wait_live(mp, p)
+    assert (mp / "ckpt.pt").read_bytes() == data
+    rc, out = stop(p)
+    assert rc == 0 and "mounting what they hold" in out and "--restore-from" not in out, out
 
 
 @pytest.mark.mount

@@ -154,6 +154,31 @@ def test_replication_options_reach_the_ckptfs_command_line():
         assert word in str(e.value)
 
 
+def test_restore_options_restore_blank_devices_only(tmp_path):
+    devs = make_devices(tmp_path / "devices", 2, 4 << 20)
+    spec = ",".join(str(d) for d in devs)
+    args = H.parse_argv([spec, "/ckpt", "-o", "format=if-needed,replicate=s3://ckpt/run/node-3,"
+                                              "restore_from=s3://ckpt/run/node-3,s3_endpoint=http://10.0.0.5:8333,"
+                                              "restore-rate=200M,restore_concurrency=4"])
+    opts = H.parse_options(args["options"])
+    fmt, cmd = H.mount_commands("/x/ckptfs", args, opts)
+    assert fmt is None  # the mount formats, then restores into the pool
+    assert cmd[5:] == ["--format", "--restore-from", "s3://ckpt/run/node-3", "--restore-if-any",
+                       "--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://10.0.0.5:8333",
+                       "--restore-rate", "200M", "--restore-concurrency", "4"]
+    with open(devs[1], "r+b") as f:  # a pool (or anything) on the devices: mounted as it is
+        f.write(b"pool")
+    fmt, cmd = H.mount_commands("/x/ckptfs", args, opts)
+    assert fmt is None and "--format" not in cmd and "--restore-from" not in cmd
+    assert cmd[-4:] == ["--restore-rate", "200M", "--restore-concurrency", "4"]  # an interrupted restore's
+    for bad, word in (("restore_from=s3://ckpt/p", "format=if-needed"),
+                      ("format=if-needed,restore_from=ckpt/p", "s3://"),
+                      ("restore_rate=fast", "restore_rate=fast"), ("restore_concurrency=0", "at least 1")):
+        with pytest.raises(H.UsageError) as e:
+            H.parse_options(bad)
+        assert word in str(e.value) and "\n" not in str(e.value)
+
+
 def test_fake_mount_validates_and_says_what_it_would_run(tmp_path):
     res = helper("/dev/a,/dev/b", str(tmp_path), "-f", "-o", "rw,memory=1G,nofail")
     assert res.returncode == 0, res.stderr
@@ -240,6 +265,41 @@ def test_format_if_needed_never_overwrites_foreign_data(pool, tmp_path):
     with open(first, "rb") as f:
         f.seek(4096)
         assert f.read(19) == b"someone else's data"
+
+
+@pytest.mark.mount
+@needs_fuse
+def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(pool, tmp_path, s3, monkeypatch):
+    from s3seed import publish
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    bucket = f"helper-restore-{os.getpid()}"
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    tree = tmp_path / "tree"
+    (tree / "step-1").mkdir(parents=True)
+    data = os.urandom((3 << 20) + 123)
+    (tree / "step-1" / "model.pt").write_bytes(data)
+    publish(client, bucket, "node-3", tree)
+    devices, mnt = pool
+    opts = (f"memory=256M,format=if-needed,restore_from=s3://{bucket}/node-3,s3_endpoint={s3.endpoint},"
+            f"restore_concurrency=2,log_file={tmp_path}/d.log")
+    res = helper(devices, str(mnt), "-o", opts)
+    assert res.returncode == 0, res.stderr
+    assert (mnt / "step-1" / "model.pt").read_bytes() == data  # fetched on first read
+    assert helper(str(mnt), name="umount.fuse.ckptfs").returncode == 0
+    # the devices hold the restored pool now: mounted as it is, nothing formatted or restored again
+    res = helper(devices, str(mnt), "-f", "-o", opts)
+    assert res.returncode == 0 and "--restore-from" not in res.stderr and "--format" not in res.stderr, res.stderr
+    assert helper(devices, str(mnt), "-o", opts).returncode == 0
+    assert (mnt / "step-1" / "model.pt").read_bytes() == data
+    assert helper(str(mnt), name="umount.fuse.ckptfs").returncode == 0
+    # blank devices and a prefix that holds nothing yet (a job's first start): an empty pool
+    fresh = ",".join(str(d) for d in make_devices(tmp_path / "fresh", 2, GiB))
+    res = helper(fresh, str(mnt), "-o", opts.replace("/node-3", "/node-4"))
+    assert res.returncode == 0, res.stderr
+    assert "nothing replicated under" in res.stderr and not os.listdir(mnt)
+    assert helper(str(mnt), name="umount.fuse.ckptfs").returncode == 0
 
 
 @pytest.mark.mount

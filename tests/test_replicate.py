@@ -141,6 +141,37 @@ def test_a_tree_replicates_bit_exact_and_old_states_are_collected(tmp_path, s3, 
         m.close()
 
 
+def test_a_utime_after_replication_uploads_nothing_and_the_next_manifest_has_the_time(tmp_path, s3, bucket):
+    client = s3.client()
+
+    def newest(path: str):
+        gens = manifests(client, bucket)
+        return {e.path: e for e in gens[max(gens)].entries}[path]
+
+    def objects() -> set[str]:
+        return {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="node0/objects/").get("Contents", [])}
+
+    m = replicating(tmp_path, s3, bucket)
+    try:
+        f = m.path / "model.pt"
+        f.write_bytes(os.urandom(12 * MiB + 5))  # a multipart upload
+        assert ckptfs("wait", "--replicated", str(f), timeout=120).returncode == 0
+        old, uploaded, listed = newest("model.pt"), replication(m)["bytes_uploaded"], objects()
+        when = old.mtime_ns - 3_600 * 10**9
+        os.utime(f, ns=(when, when))
+        new = poll(lambda: newest("model.pt").mtime_ns == when and newest("model.pt"),
+                   "a manifest with the new mtime", timeout=60)
+        assert new.object == old.object and new.crcs == old.crcs  # the same object, not uploaded again
+        assert replication(m)["bytes_uploaded"] == uploaded and objects() == listed
+        assert ckptfs("wait", "--replicated", str(f), timeout=60).returncode == 0
+        assert os.getxattr(f, "user.ckptfs.state") == b"replicated"
+        f.write_bytes(b"new contents")  # new contents: a new object
+        assert ckptfs("wait", "--replicated", str(f), timeout=60).returncode == 0
+        assert newest("model.pt").object != old.object
+    finally:
+        m.close()
+
+
 def test_bad_replication_targets_are_one_line_and_exit_2(tmp_path, s3, bucket, monkeypatch):
     mp = tmp_path / "mnt"
     mp.mkdir()

@@ -80,10 +80,18 @@ def test_content_key_changes_with_the_contents_and_only_then():
     s.apply(("setattr", 3, 0o600, None, None, None, None, 20))  # a chmod: same object
     m2, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
     f = lambda m: {e.path: e.object for e in m.entries}["d/f"]  # noqa: E731
+    mtime = lambda m: {e.path: e.mtime_ns for e in m.entries}["d/f"]  # noqa: E731
     assert f(m1) == f(m2) and not same_tree(m1, m2)
-    content(s, 3, b"y" * 10000, 12, 20)  # new contents, even with the same size and mtime
+    s.apply(("setattr", 3, None, None, None, 5, 99, 21))  # a utime: same object, the manifest has the time
+    m2b, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
+    assert f(m2b) == f(m2) and mtime(m2b) == 99 and not same_tree(m2, m2b)
+    content(s, 3, b"y" * 10000, 99, 20)  # new contents, even with the same size and mtime
     m3, versions = take(s, pool="p", seq=3, chunk_size=CHUNK, time_ns=3)
     assert f(m3) != f(m2) and f(m3) in versions
+    content(s, 3, b"y" * 10000, 99, 40)  # the same bytes rewritten (other units): a new version
+    m3b, _ = take(s, pool="p", seq=3, chunk_size=CHUNK, time_ns=3)
+    assert f(m3b) != f(m3)
+    content(s, 3, b"y" * 10000, 99, 20)
     m4, _ = take(s, pool="p", seq=4, chunk_size=CHUNK, time_ns=4, generation=9)
     assert same_tree(m3, m4)
 
@@ -130,3 +138,36 @@ def test_urls():
         except ValueError:
             continue
         raise AssertionError(f"{bad} parsed")
+
+
+def test_every_failure_of_the_store_becomes_one_line_with_its_cause():
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    from ckptfs.replicate.client import NoSuchUpload, classify
+
+    def client_error(code, status, op="ListObjectsV2"):
+        return ClientError({"Error": {"Code": code, "Message": f"msg {code}"},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, op)
+
+    cases = [
+        (NoCredentialsError(), "list s3://b/p/", "auth", "no usable AWS credentials"),
+        (client_error("InvalidAccessKeyId", 403), "list s3://b/p/", "auth", "access denied"),
+        (client_error("SignatureDoesNotMatch", 403), "get s3://b/p/x", "auth", "check the credentials"),
+        (client_error("NoSuchBucket", 404), "list s3://b/p/", "no-bucket", "the bucket does not exist"),
+        (client_error("404", 404, "HeadBucket"), "bucket b", "no-bucket", "the bucket does not exist"),
+        (client_error("NoSuchKey", 404, "GetObject"), "get s3://b/p/x", "other", "no such object"),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "list s3://b/p/", "network",
+         "cannot reach the object store"),
+        (ConnectionResetError("reset"), "get s3://b/p/x", "network", "cannot reach the object store"),
+        (client_error("SlowDown", 503), "put s3://b/p/x", "throttled", "slow down"),
+        (client_error("InternalError", 500), "put s3://b/p/x", "server", "the store failed"),
+        (client_error("InvalidRange", 416, "GetObject"), "get s3://b/p/x", "other", "InvalidRange"),
+        (RuntimeError("odd"), "get s3://b/p/x", "other", "RuntimeError: odd"),
+    ]
+    for exc, what, cause, words in cases:
+        err = classify(exc, what)
+        line = str(err)
+        assert err.cause == cause and words in line and line.startswith(what + ": "), (exc, cause, line)
+        assert "\n" not in line
+    gone = classify(client_error("NoSuchUpload", 404, "UploadPart"), "upload part 1 of s3://b/p/x")
+    assert isinstance(gone, NoSuchUpload) and classify(gone) is gone

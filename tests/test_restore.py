@@ -368,12 +368,16 @@ def test_bad_restore_input_is_one_line_exit_2_and_nothing_changes(s3, source, mo
     cases = {
         "not an s3:// URL": ["--format", "--restore-from", "http://b/p", "--s3-endpoint", s3.endpoint],
         "not a valid bucket name": ["--format", "--restore-from", "s3://B_ad/p", "--s3-endpoint", s3.endpoint],
-        "no such bucket": ["--format", "--restore-from", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
+        "bucket does not exist": ["--format", "--restore-from", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
         "no manifest under": ["--format", "--restore-from", f"s3://{bucket}/elsewhere", "--s3-endpoint", s3.endpoint],
         "cannot reach the object store": ["--format", "--restore-from", ok[0], "--s3-endpoint", "http://127.0.0.1:1"],
         "add --format": ["--restore-from", *ok],
         "differs from the chunk size of the manifest": ["--format", "--chunk-size", "4M", "--restore-from", *ok],
         "bad --s3-endpoint": ["--format", "--restore-from", ok[0], "--s3-endpoint", "localhost:9000"],
+        "needs --restore-from": ["--format", "--restore-if-any"],
+        # --restore-if-any forgives an empty prefix only, never a store that fails
+        "manifests/: the bucket does not exist": ["--format", "--restore-if-any", "--restore-from",
+                                                   "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint],
     }
     for want, args in cases.items():
         res = ckptfs(*base, *args, timeout=60)
@@ -421,6 +425,37 @@ async def _read_all(mount, path: bytes) -> bytes:
         return bytes(await mount.afs.read(fh, 0, 1 << 30))
     finally:
         await mount.afs.release(fh)
+
+
+def test_a_read_that_comes_before_the_restorer_runs_waits_for_it(source):
+    import trio
+    from faulty import make_faulty
+    from s3seed import publish
+    data = os.urandom(200 << 10)
+    (source.tree / "f.bin").write_bytes(data)
+    publish(source.client, source.bucket, "node0", source.tree, chunk_size=64 << 10)
+    mount = _assemble(make_faulty(2, 16 << 20), format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
+    got = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mount.store.run)
+            mount.restorer.prepare()  # the tree is built: the daemon starts the engine here
+
+            async def read():
+                got.append(await _read_all(mount, b"f.bin"))
+
+            nursery.start_soon(read)
+            await trio.sleep(0.2)  # the read waits; the restorer starts only now, as in daemon.main
+            assert not got
+            await nursery.start(mount.restorer.run)
+            with trio.fail_after(30):
+                while not got:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert got == [data]
 
 
 def test_a_crash_while_the_tree_is_built_restarts_the_restore_on_a_fresh_pool(source):

@@ -1,27 +1,33 @@
-"""The object store as ckptfs uses it: a boto3 S3 client, its calls, and why they failed.
+"""The object store as ckptfs uses it: one boto3 S3 client, its calls, and why they failed.
 
-`Target` wraps one boto3 client (thread-safe; every call is blocking and runs
-in a worker thread of the replicator) bound to one bucket and prefix, with
-the few calls replication needs: list, get, put, delete, and the multipart
-upload calls (create, upload part, complete, abort). Credentials and region
-come from boto3's default chain (environment, ~/.aws files, instance role);
-`endpoint` is for stores other than AWS (MinIO, Ceph RGW, SeaweedFS).
+Both sides of replication go through this module: the uploader
+(replicator.py) and the restore (restore.py, and the mount-time checks in
+cli.py). `make_client(endpoint)` builds the boto3 client (thread-safe; every
+call is blocking, so the trio services run them in worker threads):
+credentials and region come from boto3's default chain (environment,
+~/.aws files, instance role); `endpoint` is for stores other than AWS
+(MinIO, Ceph RGW, SeaweedFS). `Target` binds one client to one bucket and
+prefix, with the few calls replication needs: list, get (whole or a byte
+range), put, delete, the multipart upload calls (create, upload part,
+complete, abort), and the manifests under the prefix (`generations`,
+`manifest`).
 
 botocore retries each request a little itself (connection errors, 5xx,
-throttling); what still fails reaches the replicator as `S3Error`, whose
-`cause` says what kind of failure it is, for status, logs and metrics:
+throttling); what still fails leaves a Target call as `S3Error` (`classify`),
+one line whose `cause` says what kind of failure it is, for the CLI, status,
+logs and metrics:
 
     auth        credentials missing, unknown or wrong (403, InvalidAccessKeyId...)
     no-bucket   the bucket does not exist
     network     the endpoint cannot be reached (refused, DNS, timeout, reset)
     throttled   the store asks us to slow down (503 SlowDown, 429)
     server      the store failed (5xx)
-    other       anything else (the message says what)
+    other       anything else (the message says what: a missing object, ...)
     device      (the replicator's own) reading the data to upload from a device failed
 
-`Target.check()` is the mount-time check: it lists one key under the prefix,
-which needs the endpoint, the credentials and the bucket to be right, and
-turns a failure into one clear line.
+`Target.check()` is the mount-time check of --replicate: it looks up the
+bucket and lists one key under the prefix, which needs the endpoint, the
+credentials and the bucket to be right.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConnectionError,
                                  NoCredentialsError, PartialCredentialsError)
 
-from .manifest import S3Url
+from .manifest import MANIFESTS, Manifest, S3Url, manifest_generation, manifest_name
 
 AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE = ("auth", "no-bucket", "network", "throttled",
                                                              "server", "other", "device")
@@ -42,7 +48,7 @@ _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimi
 
 
 class S3Error(Exception):
-    """A failed object-store call; `cause` is one of CAUSES."""
+    """A failed object-store call, in one line; `cause` is one of CAUSES."""
 
     def __init__(self, cause: str, message: str):
         super().__init__(message)
@@ -53,8 +59,17 @@ class NoSuchUpload(S3Error):
     """A multipart upload the store no longer knows (aborted, or lost by a restarted store)."""
 
 
+def make_client(endpoint: str | None = None, *, connections: int = 16, attempts: int = 3,
+                connect_timeout: float = 5.0, read_timeout: float = 60.0):
+    """A boto3 S3 client: the default credential chain, `endpoint` (None: AWS), `attempts` tries a call."""
+    cfg = Config(max_pool_connections=connections, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                 retries={"max_attempts": attempts, "mode": "standard"},
+                 request_checksum_calculation="when_required", response_checksum_validation="when_required")
+    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
+
+
 def classify(exc: BaseException, what: str = "") -> S3Error:
-    """The S3Error for an exception raised by a boto3 call."""
+    """The S3Error for an exception raised by a boto3 call; `what` (the call and its object) leads the line."""
     prefix = f"{what}: " if what else ""
     if isinstance(exc, S3Error):
         return exc
@@ -69,32 +84,31 @@ def classify(exc: BaseException, what: str = "") -> S3Error:
         if code == "NoSuchUpload":
             return NoSuchUpload(OTHER, f"{prefix}the multipart upload is gone ({msg})")
         if code in _AUTH_CODES or status == 403:
-            return S3Error(AUTH, f"{prefix}access denied ({code}: {msg}); check the credentials")
-        if code == "NoSuchBucket" or (code == "404" and what.startswith("bucket")):
+            return S3Error(AUTH, f"{prefix}access denied by the object store ({code}: {msg}); check the credentials")
+        if code == "NoSuchBucket" or (status == 404 and what.startswith("bucket")):
             return S3Error(NO_BUCKET, f"{prefix}the bucket does not exist")
+        if code in ("NoSuchKey", "404") or status == 404:
+            return S3Error(OTHER, f"{prefix}no such object")
         if code in _THROTTLE_CODES or status == 429:
             return S3Error(THROTTLED, f"{prefix}the store asks to slow down ({code})")
         if status >= 500:
             return S3Error(SERVER, f"{prefix}the store failed ({status} {code}: {msg})")
         return S3Error(OTHER, f"{prefix}{code}: {msg}")
     if isinstance(exc, (BotoConnectionError, ConnectionError, TimeoutError)):
-        return S3Error(NETWORK, f"{prefix}cannot reach the store ({exc})")
+        return S3Error(NETWORK, f"{prefix}cannot reach the object store ({exc})")
     if isinstance(exc, BotoCoreError):
         return S3Error(OTHER, f"{prefix}{exc}")
     return S3Error(OTHER, f"{prefix}{type(exc).__name__}: {exc}")
 
 
 class Target:
-    """One bucket and prefix on one endpoint; blocking calls (run them in threads)."""
+    """One bucket and prefix on one endpoint; blocking calls (run them in threads). `client` is
+    made with `make_client(endpoint, **kw)` unless given."""
 
-    def __init__(self, url: S3Url, endpoint: str | None = None, *, connections: int = 16,
-                 connect_timeout: float = 5.0, read_timeout: float = 60.0, attempts: int = 3):
+    def __init__(self, url: S3Url, endpoint: str | None = None, *, client=None, **kw):
         self.url = url
         self.endpoint = endpoint
-        cfg = Config(max_pool_connections=connections, connect_timeout=connect_timeout,
-                     read_timeout=read_timeout, retries={"max_attempts": attempts, "mode": "standard"},
-                     request_checksum_calculation="when_required", response_checksum_validation="when_required")
-        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=cfg)
+        self.client = client if client is not None else make_client(endpoint, **kw)
         self.bucket = url.bucket
 
     def __str__(self) -> str:
@@ -102,6 +116,9 @@ class Target:
 
     def key(self, rel: str) -> str:
         return self.url.key(rel)
+
+    def _where(self, rel: str) -> str:
+        return f"s3://{self.bucket}/{self.key(rel)}"
 
     def _call(self, what: str, fn, **kw):
         try:
@@ -117,72 +134,78 @@ class Target:
             kw = {"Bucket": self.bucket, "Prefix": self.key(rel)}
             if token:
                 kw["ContinuationToken"] = token
-            page = self._call(f"list {self.key(rel)}", self.client.list_objects_v2, **kw)
+            page = self._call(f"list {self._where(rel)}", self.client.list_objects_v2, **kw)
             for obj in page.get("Contents", ()):
                 out[obj["Key"][len(self.url.prefix):]] = obj["Size"]
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return out
 
-    def get(self, rel: str) -> bytes:
-        res = self._call(f"get {self.key(rel)}", self.client.get_object, Bucket=self.bucket, Key=self.key(rel))
+    def get(self, rel: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The object PREFIX/rel, or its bytes [start, end)."""
+        what = f"get {self._where(rel)}"
+        kw = {"Bucket": self.bucket, "Key": self.key(rel)}
+        if start is not None:
+            kw["Range"] = f"bytes={start}-{end - 1}"
+            what += f" bytes {start}-{end - 1}"
+        res = self._call(what, self.client.get_object, **kw)
         try:
             return res["Body"].read()
         except Exception as e:  # noqa: BLE001
-            raise classify(e, f"get {self.key(rel)}") from None
+            raise classify(e, what) from None
 
     def put(self, rel: str, body) -> None:
-        self._call(f"put {self.key(rel)}", self.client.put_object, Bucket=self.bucket, Key=self.key(rel),
+        self._call(f"put {self._where(rel)}", self.client.put_object, Bucket=self.bucket, Key=self.key(rel),
                    Body=body)
 
     def delete(self, rels: list[str]) -> None:
         for i in range(0, len(rels), 1000):
             batch = [{"Key": self.key(r)} for r in rels[i:i + 1000]]
-            res = self._call("delete objects", self.client.delete_objects, Bucket=self.bucket,
-                             Delete={"Objects": batch, "Quiet": True})
+            res = self._call(f"delete objects under {self._where('')}", self.client.delete_objects,
+                             Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             errors = res.get("Errors") or []
             if errors:
                 e = errors[0]
                 raise S3Error(OTHER, f"delete {e.get('Key')}: {e.get('Code')}: {e.get('Message')}")
 
+    def generations(self) -> list[int]:
+        """The generations of the manifests under the prefix, oldest first."""
+        return sorted(g for g in (manifest_generation(k) for k in self.list(MANIFESTS)) if g is not None)
+
+    def manifest(self, generation: int) -> Manifest:
+        """The manifest of `generation` (BadManifest when it does not decode)."""
+        name = manifest_name(generation)
+        return Manifest.decode(self.get(name), self._where(name))
+
     def create_upload(self, rel: str) -> str:
-        res = self._call(f"create multipart upload {self.key(rel)}", self.client.create_multipart_upload,
+        res = self._call(f"create multipart upload {self._where(rel)}", self.client.create_multipart_upload,
                          Bucket=self.bucket, Key=self.key(rel))
         return res["UploadId"]
 
     def upload_part(self, rel: str, upload_id: str, number: int, body) -> str:
-        res = self._call(f"upload part {number} of {self.key(rel)}", self.client.upload_part,
+        res = self._call(f"upload part {number} of {self._where(rel)}", self.client.upload_part,
                          Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, PartNumber=number, Body=body)
         return res["ETag"]
 
     def complete_upload(self, rel: str, upload_id: str, etags: list[str]) -> None:
         parts = [{"ETag": e, "PartNumber": i + 1} for i, e in enumerate(etags)]
-        self._call(f"complete multipart upload {self.key(rel)}", self.client.complete_multipart_upload,
+        self._call(f"complete multipart upload {self._where(rel)}", self.client.complete_multipart_upload,
                    Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, MultipartUpload={"Parts": parts})
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         """`key` is the full key (as list_uploads gives it)."""
-        self._call(f"abort multipart upload {key}", self.client.abort_multipart_upload,
+        self._call(f"abort multipart upload s3://{self.bucket}/{key}", self.client.abort_multipart_upload,
                    Bucket=self.bucket, Key=key, UploadId=upload_id)
-
-    def check(self) -> None:
-        """Mount-time check that the target can be used; raises S3Error with one clear line."""
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except Exception as e:  # noqa: BLE001 - classified below
-            err = classify(e, f"bucket {self.bucket}")
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) \
-                if isinstance(e, ClientError) else 0
-            if err.cause == OTHER and status == 404:
-                err = S3Error(NO_BUCKET, f"bucket {self.bucket}: the bucket does not exist")
-            raise err from None
-        # the listing needs the read permission on the prefix too
-        self._call(f"list {self.key('')}", self.client.list_objects_v2, Bucket=self.bucket,
-                   Prefix=self.key(""), MaxKeys=1)
 
     def list_uploads(self, rel: str) -> list[tuple[str, str]]:
         """(full key, upload id) of the multipart uploads in progress under PREFIX/rel."""
-        res = self._call("list multipart uploads", self.client.list_multipart_uploads, Bucket=self.bucket,
-                         Prefix=self.key(rel))
+        res = self._call(f"list multipart uploads under {self._where(rel)}", self.client.list_multipart_uploads,
+                         Bucket=self.bucket, Prefix=self.key(rel))
         return [(u["Key"], u["UploadId"]) for u in res.get("Uploads", ())]
 
+    def check(self) -> None:
+        """Mount-time check that the target can be used; raises S3Error with one clear line."""
+        self._call(f"bucket {self.bucket}", self.client.head_bucket, Bucket=self.bucket)
+        # the listing needs the read permission on the prefix too
+        self._call(f"list {self._where('')}", self.client.list_objects_v2, Bucket=self.bucket,
+                   Prefix=self.key(""), MaxKeys=1)

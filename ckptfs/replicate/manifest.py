@@ -7,10 +7,14 @@ PREFIX (docs/FORMAT.md, "Object store layout"):
     PREFIX/manifests/<generation>.json    the tree as of one journal sequence number
 
 A content key names one version of one file's contents; it is derived from
-what the journal already knows (inode, mtime, size, and each chunk's length
-and CRC-32C), so a file that did not change keeps its key, and a remounted
-daemon can tell which versions a manifest already holds without reading any
-data. A manifest lists every directory, file and symlink with its
+what the journal already knows (inode, size, and each chunk's extent: where
+it lives, its length and CRC-32C), so a file whose contents did not change
+keeps its key, and a remounted daemon can tell which versions a manifest
+already holds without reading any data. Metadata is not in the key (the
+manifest carries it per entry): a chmod or utime names the same object, and
+the next manifest only records the new attributes. A rewritten chunk changes
+the key twice over: its CRC-32C, and its unit (the version it replaces holds
+its own units until the new one is durable). A manifest lists every directory, file and symlink with its
 attributes, and for files the content key and the per-chunk CRC-32Cs (a
 restore checks every chunk it fetches): one CRC per `chunk_size` piece of the
 object, ceil(size / chunk_size) of them, computed over the piece's bytes as
@@ -80,11 +84,13 @@ def manifest_generation(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def content_key(ino: int, mtime_ns: int, size: int, chunks: list[tuple[int, int]]) -> str:
-    """The object name of one file version: `chunks` is [(length, crc32c)] in chunk order."""
-    h = hashlib.sha256(f"{ino}:{mtime_ns}:{size}:".encode())
-    for length, crc in chunks:
-        h.update(length.to_bytes(8, "little") + crc.to_bytes(4, "little"))
+def content_key(ino: int, size: int, extents: dict) -> str:
+    """The object name of one file version: `extents` is its durable chunks, index -> Extent
+    (format/records.py: dev, unit, length, crc)."""
+    h = hashlib.sha256(f"{ino}:{size}:".encode())
+    for idx, ext in sorted(extents.items()):
+        h.update(idx.to_bytes(8, "little") + ext.dev.to_bytes(4, "little") + ext.unit.to_bytes(8, "little")
+                 + ext.length.to_bytes(8, "little") + ext.crc.to_bytes(4, "little"))
     return OBJECTS + h.hexdigest()[:40]
 
 

@@ -140,7 +140,7 @@ class Replicator:
         self.kept: dict[int, Manifest | None] = {}  # manifests in the store (None: unreadable)
         self.generation = 0  # the newest manifest's generation
         self.standing: Manifest | None = None  # the newest manifest (written or found)
-        self.standing_files: dict[int, str] = {}  # ino -> object in the standing manifest
+        self.standing_files: dict[int, tuple[str, int]] = {}  # ino -> (object, mtime_ns) in the standing manifest
         self.standing_dirs: set[int] = set()
         self.covered_seq = -1  # the journal sequence number the standing manifest's tree holds
         # monotonic time of the oldest change not snapshotted: at start, whatever the journal holds
@@ -168,21 +168,21 @@ class Replicator:
             self.changed.set()
 
     # ---- queries ------------------------------------------------------------------
-    def durable_key(self, ino: int) -> str | None:
-        """The content key of the durable version of regular file `ino` (None: not a durable file)."""
+    def durable_version(self, ino: int) -> tuple[str, int] | None:
+        """(content key, mtime) of the durable version of regular file `ino` (None: not a durable file)."""
         durable = self.store.durable
         inode = durable.ns.inodes.get(ino)
         if inode is None or not inode.is_reg:
             return None
-        chunks = [(e.length, e.crc) for _, e in sorted(durable.files.get(ino, {}).items())]
-        return content_key(ino, inode.mtime_ns, inode.size, chunks)
+        return content_key(ino, inode.size, durable.files.get(ino, {})), inode.mtime_ns
 
     def replicated(self, ino: int) -> bool:
-        """Is the durable version of `ino` named in the standing manifest? (Folders: is it named.)"""
+        """Is the durable version of `ino`, with its mtime, in the standing manifest? (Folders: is it
+        named.) A utime re-uploads nothing, but the file is replicated only once a manifest has its time."""
         if ino in self.standing_dirs or (ino == ROOT_INO and self.standing is not None):
             return True
-        key = self.standing_files.get(ino)
-        return key is not None and key == self.durable_key(ino)
+        version = self.standing_files.get(ino)
+        return version is not None and version == self.durable_version(ino)
 
     def lag(self) -> float:
         """Seconds the oldest durable change not yet in a standing manifest has waited."""
@@ -262,7 +262,7 @@ class Replicator:
             self.kept[g] = None
         for g in gens[-self.keep:]:
             try:
-                self.kept[g] = Manifest.decode(await self._s3(self.target.get, manifest_name(g)), manifest_name(g))
+                self.kept[g] = await self._s3(self.target.manifest, g)
             except BadManifest as e:
                 log.warning("replicate.bad_manifest", extra={"fields": {"manifest": manifest_name(g), "error": str(e)}})
         newest = self.kept.get(self.generation)
@@ -281,7 +281,7 @@ class Replicator:
 
     def _stand(self, manifest: Manifest, seq: int) -> None:
         self.standing = manifest
-        self.standing_files = {e.ino: e.object for e in manifest.entries if e.object}
+        self.standing_files = {e.ino: (e.object, e.mtime_ns) for e in manifest.entries if e.object}
         self.standing_dirs = {e.ino for e in manifest.entries if (e.mode & 0o170000) == 0o040000}
         self.covered_seq = seq
 

@@ -22,7 +22,9 @@ READAHEAD chunks. The background fetches every file, newest first, with
 (concurrency + DEMAND_SLOTS) x RUN_BYTES, plus the arena, whose backpressure
 it waits on like any writer) and an optional byte rate. Failed fetches are
 retried with backoff; their causes show in `snapshot()` (ckptfs status, the
-control API, metrics) and in the log.
+control API, metrics) and in the log. Every object-store call goes through
+client.py's `Target` (one line per failure, with its cause); `load_manifest`
+turns what it raises into `SourceError` for the CLI and the daemon.
 
 Crash safety. Two hidden journaled xattrs (plan.py) say what is still
 remote: the root's ``ckptfs.restore.source`` (URL, endpoint, generation,
@@ -56,8 +58,8 @@ from ..fs.filemap import NeedsFetch
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
 from ..fs.remote import NeedsRestore, Remote
 from . import plan
-from .manifest import Entry, Manifest, parse_url
-from .s3client import SourceError, describe, load_manifest, make_client
+from .client import S3Error, Target
+from .manifest import MANIFESTS, BadManifest, Entry, Manifest, parse_url
 
 log = logging.getLogger("ckptfs.restore")
 RUN_BYTES = 8 << 20  # one GET fetches at most this many bytes of consecutive chunks
@@ -72,6 +74,28 @@ LOADING, FETCHING, SYNCING, DONE = "loading", "fetching", "syncing", "done"
 
 class RestoreError(FsError):
     """A chunk could not be restored; the message says why (EIO to a read that needed it)."""
+
+
+class SourceError(Exception):
+    """The object store cannot give what a restore needs; the message says why, in one line."""
+
+
+class NothingReplicated(SourceError):
+    """The prefix holds no manifest: nothing was ever replicated there (or all of it was deleted)."""
+
+
+def load_manifest(target: Target, generation: int | None = None) -> Manifest:
+    """In a worker thread: the manifest of `generation` (None: the newest) under `target`'s prefix."""
+    try:
+        if generation is None:
+            gens = target.generations()
+            if not gens:
+                raise NothingReplicated(f"no manifest under {target.url}: nothing was replicated there "
+                                        f"(expected {target.url}{MANIFESTS}<generation>.json)")
+            generation = gens[-1]
+        return target.manifest(generation)
+    except (S3Error, BadManifest) as e:
+        raise SourceError(str(e)) from None
 
 
 class FileJob(Remote):
@@ -115,14 +139,14 @@ class Rate:
         await trio.sleep_until(start)
 
 
-def _get_range(client, bucket: str, key: str, start: int, end: int, crcs: list[int], first: int,
+def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], first: int,
                chunk_size: int, what: str) -> bytes:
     """In a worker thread: bytes [start, end) of the object, each chunk checked against its CRC-32C."""
     try:
-        body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
-        data = body.read()
-    except Exception as e:  # noqa: BLE001 - one line with the cause
-        raise RestoreError(f"fetch of {what} bytes {start}-{end - 1} failed: {describe(e, f's3://{bucket}/{key}')}")
+        data = target.get(obj, start, end)
+    except S3Error as e:
+        raise RestoreError(f"fetch of {what} failed: {e}") from None
+    bucket, key = target.bucket, target.key(obj)
     if len(data) != end - start:
         raise RestoreError(f"short read of s3://{bucket}/{key} bytes {start}-{end - 1} ({what}): "
                            f"got {len(data)} bytes, wanted {end - start}")
@@ -138,12 +162,12 @@ def _get_range(client, bucket: str, key: str, start: int, end: int, crcs: list[i
 
 class Restorer:
     def __init__(self, fs, store, source: plan.Source, *, concurrency: int = 8, rate: float | None = None,
-                 client=None):
+                 target: Target | None = None):
         self.fs = fs
         self.store = store
         self.source = source
         self.url = parse_url(source.url)
-        self.client = client
+        self.target = target
         self.concurrency = concurrency
         self.rate = Rate(rate) if rate else None
         self.bg_limiter = trio.CapacityLimiter(concurrency)
@@ -154,6 +178,7 @@ class Restorer:
         self.load_error: str | None = None
         self.jobs: dict[int, FileJob] = {}
         self.nursery: trio.Nursery | None = None
+        self.running = trio.Event()  # run() has its nursery: fetches can start
         self.state = LOADING
         self.files_total = self.bytes_total = 0
         self.files_done = self.bytes_done = 0
@@ -168,10 +193,10 @@ class Restorer:
         self.known_source = True  # False: files are marked but the source is not recorded
 
     # ---- setup (before serving, no awaits) ------------------------------------
-    def _client(self):
-        if self.client is None:
-            self.client = make_client(self.source.endpoint, connections=self.concurrency + DEMAND_SLOTS + 2)
-        return self.client
+    def _target(self) -> Target:
+        if self.target is None:
+            self.target = Target(self.url, self.source.endpoint, connections=self.concurrency + DEMAND_SLOTS + 2)
+        return self.target
 
     def use_manifest(self, manifest: Manifest) -> None:
         """The manifest is known: find each file's entry and what is already on the devices."""
@@ -225,6 +250,7 @@ class Restorer:
         self.token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            self.running.set()
             task_status.started()
             if not self.known_source:
                 self.load_tried.set()
@@ -257,8 +283,7 @@ class Restorer:
         delay = RETRY_MIN
         while True:
             try:
-                manifest = await trio.to_thread.run_sync(load_manifest, self._client(), self.url,
-                                                         self.source.generation)
+                manifest = await trio.to_thread.run_sync(load_manifest, self._target(), self.source.generation)
                 self.use_manifest(manifest)
                 self.load_error = None
                 log.info("restore.resumed", extra={"fields": {
@@ -326,7 +351,10 @@ class Restorer:
 
     # ---- fetching -------------------------------------------------------------
     async def demand(self, need: NeedsRestore) -> None:
-        """A read (or a write, a truncate) waits for chunks of a file being restored."""
+        """A read (or a write, a truncate) waits for chunks of a file being restored. The engine
+        serves as soon as the tree is built, a moment before the daemon starts `run`: a read that
+        comes first waits for it (a fetch started without the nursery would never end)."""
+        await self.running.wait()
         job = need.remote
         if not isinstance(job, FileJob) or not job.active:
             return  # completed or cancelled meanwhile: the caller retries
@@ -389,8 +417,7 @@ class Restorer:
             # a slot is held until the bytes are in the file: memory in flight stays bounded
             async with self.demand_limiter if demand else self.bg_limiter:
                 data = await trio.to_thread.run_sync(
-                    _get_range, self._client(), self.url.bucket, self.url.key(entry.object), start, end,
-                    entry.crcs, first, cs, what)
+                    _get_range, self._target(), entry.object, start, end, entry.crcs, first, cs, what)
                 self.bytes_fetched += len(data)
                 await self._deliver(job, first, data)
                 del data

@@ -93,8 +93,7 @@ def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int,
                 v = by_ino.get(ino)
                 if v is None:
                     extents = dict(durable.files.get(ino, {}))
-                    chunks = [(ext.length, ext.crc) for _, ext in sorted(extents.items())]
-                    key = content_key(ino, inode.mtime_ns, inode.size, chunks)
+                    key = content_key(ino, inode.size, extents)
                     v = versions.get(key) or Version(key, ino, inode.size, extents,
                                                      piece_crcs(inode.size, chunk_size, extents))
                     versions[key] = by_ino[ino] = v
