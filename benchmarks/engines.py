@@ -146,7 +146,7 @@ def main() -> int:
         base.write_bytes(b"x" * 1000)
         ext4 = metadata(base)
     data: dict = {"machine": machine(), "rounds": args.rounds, "memory": args.memory, "ext4_meta_us": ext4}
-    print(f"\n| measure | pyfuse3 | native | native / pyfuse3 |\n|---|---|---|---|")
+    print("\n| measure | pyfuse3 | native | native / pyfuse3 |\n|---|---|---|---|")
     for key in ("dd", "unaligned", "torch_save", "cold_read"):
         for i, unit in ((0, "GB/s"), (1, "CPU s/GiB")):
             vals = {e: stats([r[key][i] for r in runs[e]]) for e in ENGINES}

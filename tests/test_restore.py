@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import stat
-import subprocess
 import time
 from pathlib import Path
 

@@ -53,7 +53,7 @@ import trio
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
 from .client import DEVICE, OTHER, NoSuchUpload, S3Error, Target
-from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, collectable, content_key, manifest_generation,
+from .manifest import (BadManifest, OBJECTS, Manifest, collectable, content_key, manifest_generation,
                        manifest_name, unreferenced)
 from .snapshot import Version, restoring, same_tree, take
 from .source import read_part
