@@ -74,6 +74,9 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     ckpt_mib = (_get(train, "config", "checkpoint_bytes") or 0) / 2**20
     step_daemon = _get(train, "rows", "ckptfs@1", "daemon_cpu_s", "median")
     step_base = _get(train, "rows", "none", "step_s", "median")
+    s3_daemon = _get(train, "rows", "ckptfs_s3@1", "daemon_cpu_s", "median")
+    s3_trainer = _get(train, "rows", "ckptfs_s3@1", "trainer_cpu_s", "median")
+    ck_trainer = _get(train, "rows", "ckptfs@1", "trainer_cpu_s", "median")
     durable_rows = _get(results, "scale", "durable", "rows", default=[]) or []
     drain_cpu = [r.get("daemon_cpu_s_per_gib") for r in durable_rows]
 
@@ -121,8 +124,9 @@ step here (the step itself takes {_num(step_base, ".3f")} s without checkpoints)
 cores that CPU is the overhead beyond the floor.
 
 **Restore.** From ckptfs each `read()` is a FUSE round trip; the daemon reads
-the chunks from the devices with O_DIRECT, verifies their crc32c and returns
-the data through pyfuse3 (one more copy): {_num(read_cpu)} daemon CPU seconds
+the chunks from the devices with O_DIRECT (read-ahead in runs of up to 4
+chunks per `preadv`), verifies their crc32c and writes the reply from the
+arena slot: {_num(read_cpu)} daemon CPU seconds
 per GiB for a plain read here. From ext4 a cold read is the kernel's readahead
 from the virtio disk with no user-space hop. `torch.load` adds its own
 unpickling and a fresh allocation for every tensor on top of both; from ext4
@@ -131,14 +135,30 @@ varies widely on a shared machine, so compare the plain-read column too.
 
 **Scale.** Aggregate absorb with N writer processes is bounded by the two
 cores shared by the writers and the daemon (and, for /dev/shm, by memory
-bandwidth into fresh pages); ckptfs also by its one request-serving Python
-thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
+bandwidth into fresh pages); with pyfuse3 ckptfs also by its one
+request-serving Python thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
 serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
 however many writers there are. Durable bandwidth over throttled loop devices is
 bounded by the blkio limit per device (the emulated NVMe speed); the raw
 O_DIRECT writer with the same block size and queue depth shows what the
 devices give, so ckptfs / raw isolates ckptfs's own cost (daemon CPU per GiB
 drained: {", ".join(_num(c) for c in drain_cpu) or "?"} s for 1, 2, 4 devices).
+
+**Replication while training.** A replicating mount uploads each durable
+checkpoint version (the newest; superseded ones are skipped): with a checkpoint
+every step that is {ckpt_mib:.0f} MiB per step, and its daemon used
+{_num(s3_daemon, ".3f")} CPU seconds per step here against {_num(step_daemon, ".3f")} without
+replication. Over http, botocore must hash every payload for SigV4 (SHA-256,
+0.83 CPU s per GiB on this CPU; over https S3 needs no payload hash), then
+sends it through the loopback. The S3 server on this machine (SeaweedFS, ~12
+CPU s per GiB stored) runs at idle priority and is counted in no column, but
+on two cores torch's two intra-op threads lose a core to whatever else runs
+and the trainer's own CPU per step rises ({_num(s3_trainer, ".3f")} s against
+{_num(ck_trainer, ".3f")} s). `--replicate-rate` bounds that cost: measured with
+`python benchmarks/training.py --systems shm,ckptfs --replicate --replicate-rate 16M
+--every 1,10 --repeats 3` on 2026-12-01, step time with / without replication
+was 1.15 (every step) and 1.21 (every 10 steps), against 2.73 and 1.86 uncapped
+in the same hour; the cap trades how recent the newest replicated checkpoint is.
 
 **Every step to one path.** Bytes reaching the devices = what the drain wrote
 of each checkpoint before the next save replaced it, plus the last

@@ -89,11 +89,16 @@ def training_md(d: dict) -> str:
         age = f"{age['median']:.2f} / {age['max']:.2f}" if age else "never durable"
         rows.append([r["label"], str(r["every"]), fs(r["step_s"], 1e3, 0), fs(r["overhead_s"], 1e3, 0),
                      fs(r["overhead_pct"], 1, 0), "1 (floor)" if r["system"] == "shm" else fs(ratio), *cpu, age])
+    s3 = d.get("s3_server")
+    s3_text = "" if not s3 else (
+        f" The replicating mount uploads to SeaweedFS on this machine at {s3['priority']} CPU priority (it "
+        f"stands in for a remote store; {s3.get('cpu_s') or 0:.0f} CPU s over the run, counted in no column), "
+        f"--replicate-rate {s3.get('replicate_rate') or 'uncapped'}.")
     return (f"Checkpoint {c['checkpoint_bytes'] / 2**20:.0f} MiB (model + Adam state), batch {c['batch_size']}, "
             f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max). CPU columns: "
             f"CPU time per step of the training process and of the ckptfs daemon, during the measured steps. "
             f"Durability lag: the age of the newest checkpoint a crash would keep, sampled before each save "
-            f"(median / max).\n\n" +
+            f"(median / max).{s3_text}\n\n" +
             table(["system", "every (steps)", "step (ms)", "overhead (ms)", "overhead (%)",
                    "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)",
                    "durability lag (s)"], rows))
