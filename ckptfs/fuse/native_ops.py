@@ -46,7 +46,7 @@ from ..fs.creds import Caller, caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.filemap import NeedsFetch, Pinned
 from ..fs.namespace import Inode
-from .common import ATTR_TIMEOUT
+from .common import ATTR_TIMEOUT, ENTRY_TIMEOUT
 from .kernel import abi
 from .kernel.negotiate import DEFAULT_WANT
 from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut
@@ -55,8 +55,8 @@ from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, Op
 WANT = DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2
 
 
-# "no such name", cached by the kernel for ATTR_TIMEOUT (common.py)
-NEGATIVE_ENTRY = EntryOut(0, Attr(0, 0), entry_timeout=ATTR_TIMEOUT, attr_timeout=0)
+# "no such name", cached by the kernel for ENTRY_TIMEOUT (common.py)
+NEGATIVE_ENTRY = EntryOut(0, Attr(0, 0), entry_timeout=ENTRY_TIMEOUT, attr_timeout=0)
 
 
 class Blocked(Exception):
@@ -81,7 +81,7 @@ class Operations:
                     nlink=inode.nlink, uid=inode.uid, gid=inode.gid, rdev=inode.rdev, blksize=self.chunk_size)
 
     def _entry(self, inode: Inode) -> EntryOut:
-        return EntryOut(inode.ino, self._attr(inode), entry_timeout=ATTR_TIMEOUT, attr_timeout=ATTR_TIMEOUT)
+        return EntryOut(inode.ino, self._attr(inode), entry_timeout=ENTRY_TIMEOUT, attr_timeout=ATTR_TIMEOUT)
 
     def _attr_out(self, inode: Inode) -> AttrOut:
         return AttrOut(self._attr(inode), attr_timeout=ATTR_TIMEOUT)

@@ -23,7 +23,7 @@ from ..errors import FsError, errno_of
 from ..fs.creds import caller
 from ..fs.facade import AsyncFilesystem
 from ..fs.namespace import Inode
-from .common import ATTR_TIMEOUT
+from .common import ATTR_TIMEOUT, ENTRY_TIMEOUT
 
 log = logging.getLogger("ckptfs.fuse")
 
@@ -58,7 +58,7 @@ class Operations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode.ino
         a.generation = 0
-        a.entry_timeout = ATTR_TIMEOUT
+        a.entry_timeout = ENTRY_TIMEOUT
         a.attr_timeout = ATTR_TIMEOUT
         a.st_mode = inode.mode
         a.st_nlink = inode.nlink
@@ -83,7 +83,7 @@ class Operations(pyfuse3.Operations):
                 raise
         a = pyfuse3.EntryAttributes()  # a negative entry: the kernel caches "no such name" (common.py)
         a.st_ino = 0
-        a.entry_timeout = ATTR_TIMEOUT
+        a.entry_timeout = ENTRY_TIMEOUT
         return a
 
     @_guard
