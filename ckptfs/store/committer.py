@@ -107,11 +107,18 @@ class Committer:
             durable.apply(r)
 
     async def _flush(self, devs: list[int]) -> None:
-        if not devs:
+        await self._flushing([(d, self.host.devices[d].flush) for d in devs])
+
+    async def _flushing(self, calls: list[tuple]) -> None:
+        """Run `(dev, fn, *args)` calls at once, each ending with a flush of its device: those
+        devices count as flushed from the start (data written meanwhile marks them again), and
+        as not flushed again if a call fails."""
+        if not calls:
             return
+        devs = [c[0] for c in calls]
         self.unflushed.difference_update(devs)
         try:
-            await gather([(self._run_on, d, self.host.devices[d].flush) for d in devs])
+            await gather([(self._run_on, *c) for c in calls])
         except BaseException:
             self.unflushed.update(devs)
             raise
@@ -129,14 +136,8 @@ class Committer:
         buf = aligned_buffer(len(block))
         buf[:len(block)] = block
         view = buf[:len(block)]
-        devs = list(range(len(self.host.devices)))
-        self.unflushed.difference_update(devs)
-        try:
-            await gather([(self._run_on, d, _write_and_flush, self.host.devices[d], view, offset_of(sb))
-                          for d, sb in enumerate(self.host.sbs)])
-        except BaseException:
-            self.unflushed.update(devs)
-            raise
+        await self._flushing([(d, _write_and_flush, self.host.devices[d], view, offset_of(sb))
+                              for d, sb in enumerate(self.host.sbs)])
 
     async def _write_journal(self, frame: bytes, offset: int) -> None:
         await self._write_all(frame, lambda sb: sb.half_offset(self.half) + offset)

@@ -66,13 +66,7 @@ class BlockDevice:
             raise ShortIO(self.path, "write", offset, want, n)
 
     def pread_into(self, buf, offset: int) -> None:
-        try:
-            n = os.preadv(self.fd, [buf], offset)
-        except OSError as e:
-            raise DeviceError(f"read of {len(buf)} bytes at offset {offset} on {self.path} failed: "
-                              f"{e.strerror}") from None
-        if n != len(buf):
-            raise ShortIO(self.path, "read", offset, len(buf), n)
+        self.preadv_into([buf], offset)
 
     def preadv_into(self, bufs: list, offset: int) -> None:
         """Fill `bufs` back to back from `offset` (one syscall); short reads raise."""

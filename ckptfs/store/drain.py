@@ -319,21 +319,20 @@ class Drainer:
         if self.host.arena.free_slots + self.host.evictable() < 2 * READAHEAD:
             return
         chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + READAHEAD))
-                  if c is not None and c.slot is None and c.extent is not None and id(c) not in self.fetching]
+                  if c is not None and self._missing(c)]
         if chunks:
             self.host.loop.soon(self._prefetch, chunks)
 
     def _prefetch(self, chunks: list[Chunk]) -> None:
         """Start loading `chunks`: one task and one `preadv` per run of consecutive units on a
         device (the drain wrote them in such runs), not one per chunk."""
-        units = self.host.chunk_size
-        todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks
-                      if id(c) not in self.fetching and c.slot is None and c.extent is not None)
+        cs = self.host.chunk_size
+        todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks if self._missing(c))
         run: list[Chunk] = []
         for dev, unit, _, c in todo:
             if run:
                 last = run[-1].extent
-                if (dev != last.dev or unit != last.unit + 1 or round_up(last.length) != units
+                if (dev != last.dev or unit != last.unit + 1 or round_up(last.length) != cs
                         or len(run) >= FETCH_RUN):
                     self.nursery.start_soon(self._prefetch_run, run)
                     run = []
@@ -354,7 +353,7 @@ class Drainer:
         """Load chunks at consecutive units of one device with one read (read-ahead only: a chunk
         that changed meanwhile is dropped, and it takes only slots free now, never waits)."""
         h = self.host
-        run = [c for c in run if id(c) not in self.fetching and c.slot is None and c.extent is not None]
+        run = [c for c in run if self._missing(c)]  # still: another fetch may have started meanwhile
         exts = [c.extent for c in run]
         if not run or any(e.dev != exts[0].dev or e.unit != exts[0].unit + i for i, e in enumerate(exts)):
             return
@@ -385,16 +384,9 @@ class Drainer:
             h.stats[dev].bytes_read += sum(len(v) for v in views)
             h.stats[dev].reads += 1
             for c, e, slot, crc in zip(run, exts, slots, crcs):
-                if crc != e.crc:
-                    h.arena.free(slot)
-                    h.stats[dev].errors += 1
+                if not self._place(c, e, slot, crc):
                     log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
                               "it fetches it again and reports)", c.ino, c.idx)
-                elif c.extent is not e or not (c.live or c.pins) or c.slot is not None:
-                    h.arena.free(slot)
-                else:
-                    c.slot = slot
-                    h.cached(c)
         finally:
             for c, done in zip(run, events):
                 del self.fetching[id(c)]
@@ -421,36 +413,43 @@ class Drainer:
             view = h.arena.view(slot)
             length = round_up(ext.length)
             try:
-                crc = await trio.to_thread.run_sync(_read_and_checksum, h.devices[ext.dev], view,
-                                                    length, ext.length, h.sbs[ext.dev].unit_offset(ext.unit),
-                                                    limiter=h.limiters[ext.dev])
+                [crc] = await trio.to_thread.run_sync(_read_run_and_checksum, h.devices[ext.dev], [view[:length]],
+                                                      [ext.length], h.sbs[ext.dev].unit_offset(ext.unit),
+                                                      limiter=h.limiters[ext.dev])
             except DeviceError:
                 h.arena.free(slot)
                 h.stats[ext.dev].errors += 1
                 raise
             h.stats[ext.dev].bytes_read += length
             h.stats[ext.dev].reads += 1
-            if crc != ext.crc:
-                h.arena.free(slot)
-                h.stats[ext.dev].errors += 1
+            if not self._place(chunk, ext, slot, crc):
                 msg = (f"checksum mismatch reading inode {chunk.ino} chunk {chunk.idx} from "
                        f"{h.devices[ext.dev].path} unit {ext.unit}")
                 log.error(msg)
                 raise ChecksumMismatch(msg)
-            if chunk.extent is not ext or not (chunk.live or chunk.pins) or chunk.slot is not None:
-                h.arena.free(slot)
-                return
-            chunk.slot = slot
-            h.cached(chunk)
         finally:
             del self.fetching[key]
             done.set()
 
+    def _missing(self, chunk: Chunk) -> bool:
+        """On a device only, and no fetch of it under way."""
+        return chunk.slot is None and chunk.extent is not None and id(chunk) not in self.fetching
 
-def _read_and_checksum(device: BlockDevice, view: memoryview, length: int, valid: int, offset: int) -> int:
-    """In a worker thread: read `length` bytes into `view`, return the crc32c of the first `valid`."""
-    device.pread_into(view[:length], offset)
-    return crc32c.crc32c(view[:valid])
+    def _place(self, chunk: Chunk, ext: Extent, slot: int, crc: int) -> bool:
+        """A copy of `chunk` read from `ext` into `slot`: it becomes the chunk's memory if it still is
+        the chunk's data, else the slot is freed. False (slot freed, a device error counted) when
+        its checksum is wrong."""
+        h = self.host
+        if crc != ext.crc:
+            h.arena.free(slot)
+            h.stats[ext.dev].errors += 1
+            return False
+        if chunk.extent is not ext or not (chunk.live or chunk.pins) or chunk.slot is not None:
+            h.arena.free(slot)
+        else:
+            chunk.slot = slot
+            h.cached(chunk)
+        return True
 
 
 def _read_run_and_checksum(device: BlockDevice, views: list[memoryview], valid: list[int], offset: int
