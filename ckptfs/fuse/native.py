@@ -203,7 +203,7 @@ class TrioHandler:
             self._streak += 1
         else:
             self._end, self._streak = end, 1
-        self.shift = end if self._streak >= 2 else 0
+        self.shift = end if self._streak >= 1 else 0
 
     def _count(self, pieces: int, adopted: int) -> None:
         """Under the lock: how a WRITE's pieces went in."""

@@ -7,7 +7,12 @@ since their last flush (`unflushed`). One task asks the commit log
 that does not split an atomic group. It flushes the devices holding data
 written since the last commit, writes the frame at the journal tail on every
 device, flushes again, applies the records to the durable state and reports
-the batch committed. Every frame carries a `stamp` record (its wall-clock
+the batch committed. A batch that nobody waits for (no fsync, syncfs or
+unmount: `CommitHost.urgent()`) first lingers LINGER seconds for company:
+back-to-back metadata operations (a chmod loop, a checkpoint's renames and
+copystat) then share one frame, one device flush and one wake-up of the trio
+thread instead of paying each per operation; a sync arriving meanwhile
+(`hurry()`) ends the linger. Every frame carries a `stamp` record (its wall-clock
 time), so recovery can say when the state it recovered was current.
 
 When a frame does not fit in the current half, it first compacts: a
@@ -35,6 +40,7 @@ from .durable import DurableState
 from .ordering import CommitLog, Pending
 
 log = logging.getLogger("ckptfs.journal")
+LINGER = 0.002  # seconds a batch nobody waits for gathers more records before it is written
 
 
 class CommitHost(Protocol):
@@ -48,6 +54,7 @@ class CommitHost(Protocol):
     loop: LoopLock  # wake-ups from other threads go through loop.soon
 
     def committed(self, batch: list[Pending]) -> None: ...  # the batch is on the devices
+    def urgent(self) -> bool: ...  # someone waits for a commit (fsync, syncfs, unmount)
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
 
 
@@ -58,15 +65,24 @@ class Committer:
         self.half, self.tail, self.seq = half, tail, seq  # where the next frame goes, and its seq - 1
         self.anchor_gen = anchor_gen  # the newest journal anchor's generation
         self.unflushed: set[int] = set()  # devices with data written since their last flush
-        self.lot = trio.lowlevel.ParkingLot()
+        self.lot = trio.lowlevel.ParkingLot()  # the committer, idle
+        self.lingering = trio.lowlevel.ParkingLot()  # the committer, gathering a batch (LINGER)
 
     def wrote(self, dev: int) -> None:
         """Data reached `dev`; it must be flushed before a frame that names it is written."""
         self.unflushed.add(dev)
 
     def wake(self) -> None:
-        """Records were added or became ready: look for a batch again."""
-        self.host.loop.soon(self.lot.unpark_all)
+        """Records were added or became ready: look for a batch again. Only a parked committer
+        needs waking (a busy one takes the next batch when its commit returns): a wake-up of
+        the trio thread per metadata operation cost more than the commit itself."""
+        if self.lot:
+            self.host.loop.soon(self.lot.unpark_all)
+
+    def hurry(self) -> None:
+        """Someone now waits for a commit: end a linger."""
+        if self.lingering:
+            self.host.loop.soon(self.lingering.unpark_all)
 
     async def run(self) -> None:
         h = self.host
@@ -75,6 +91,10 @@ class Committer:
             if not batch:
                 await self.lot.park()
                 continue
+            if LINGER and not h.urgent():
+                with trio.move_on_after(LINGER):
+                    await self.lingering.park()
+                batch = h.log.take_batch(self.sb.journal_half // 4)
             try:
                 await self._commit(batch)
             except Exception as e:  # noqa: BLE001 - device errors (and bugs) are retried

@@ -294,8 +294,10 @@ class Store:
         return len(self.lru)
 
     def wake(self) -> None:
-        """Something moved (a drain, a commit, a free): waiters look again, the committer too."""
-        self.loop.soon(self.progress.unpark_all)
+        """Something moved (a drain, a commit, a free): waiters look again, the committer too
+        (each only if parked: waiters check and park in one step of the trio thread)."""
+        if self.progress:
+            self.loop.soon(self.progress.unpark_all)
         self.committer.wake()
 
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None:
@@ -319,6 +321,9 @@ class Store:
         for hook in self.on_commit:
             hook(batch)
         self.wake()
+
+    def urgent(self) -> bool:
+        return bool(self.sync_waiters)
 
     # ---- Durability --------------------------------------------------------
     def record(self, rec: tuple) -> None:
@@ -395,6 +400,7 @@ class Store:
         target = self.log.last_index()
         log.debug("sync(%s): waiting for record %d (committed %d)", ino, target, self.log.committed)
         self.sync_waiters += 1
+        self.committer.hurry()
         self.drainer.open_gate()  # someone waits: drain at full speed
         try:
             while self.log.committed < target:
