@@ -187,6 +187,7 @@ class TrioHandler:
                 if slot is not None and not arena.is_lent(slot):
                     run[i] = None
                     self._local.bufs[i] = None
+                    self._local.out = None
                     self._lent.discard(slot)
                     n += 1
             self._count(len(slots), n)
@@ -240,7 +241,13 @@ class TrioHandler:
             run = local.run = [None] * (local.k + 1)
             local.bufs = [None] * len(run)
             local.own = None
+            local.out = None
         shift = self.shift if local.k > 1 else 0  # one chunk a request: no whole chunk between the seams
+        out = local.out
+        if out is not None and local.out_shift == shift:
+            local.reading = run  # nothing adopted or lent since: the same list (the session keeps its views)
+            local.shift = shift
+            return out
         n = local.k + (1 if shift else 0)
         bufs = local.bufs
         if None in run[:n] and arena.free_slots > self.keep_free:
@@ -263,9 +270,10 @@ class TrioHandler:
                     bufs[i] = local.own[i * cs:(i + 1) * cs]
         local.reading = run
         local.shift = shift
-        if shift:
-            return [bufs[0][shift:], *bufs[1:n]]
-        return bufs[:n]
+        out = [bufs[0][shift:], *bufs[1:n]] if shift else bufs[:n]
+        if None not in run[:n]:  # (with a buffer of its own in the run, lend again next time)
+            local.out, local.out_shift = out, shift
+        return out
 
     def close(self) -> None:
         """Every worker has exited: give their lent slots back (on the trio thread, or under the lock)."""

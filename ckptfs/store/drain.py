@@ -55,7 +55,7 @@ FETCH_RUN = 4  # chunks read ahead with one preadv at most (longer runs keep the
 SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
 HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
-HOLD_POLL = 0.005
+HOLD_POLL = 0.005  # the gatekeeper looks again at least this long after a look
 
 
 class DrainHost(Protocol):
@@ -174,7 +174,10 @@ class Drainer:
             if self._hold_back():
                 if self.gate.is_set():
                     self.gate = trio.Event()
-                await trio.sleep(HOLD_POLL)
+                # look again once the writes could have paused for HOLD_IDLE (at least HOLD_POLL
+                # from now), not every HOLD_POLL: each wake-up of a sleeping trio task costs a
+                # cancellation; memory filling meanwhile is seen HOLD_IDLE late at most
+                await trio.sleep(max(HOLD_POLL, self.last_write + HOLD_IDLE - time.monotonic()))
             else:
                 self.gate.set()
                 await self.writes_started.wait()
