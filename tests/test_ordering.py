@@ -103,6 +103,20 @@ def test_a_newer_close_voids_the_older_atomically():
     assert ops(commit(log)) == ["make", "make", "content"]  # the first content never reaches the journal
 
 
+def test_a_batch_ends_before_a_group_still_open_however_long_the_ready_prefix():
+    log, _, _ = new_log()
+    log.record(Make(ROOT, b"d0", DIR, 0, 0, 0, b"", 10, 1))  # alone: may go
+    log.record(Make(ROOT, b"f", REG, 0, 0, 0, b"", 2, 1))
+    close(log, 2)
+    for i in range(300):  # ready records inside the group the next close opens
+        log.record(Make(ROOT, b"d%d" % (i + 1), DIR, 0, 0, 0, b"", 11 + i, 1))
+    second, _ = close(log, 2)  # voids the first content: make f .. second content is one group
+    assert ops(commit(log)) == ["make"]  # d0 only: the rest waits for the second content
+    assert log.take_batch(1 << 20) == []
+    second[0].drain()
+    assert ops(commit(log)) == ["make"] * 301 + ["content"]  # make f, the 300 dirs, the contents
+
+
 def test_deleting_a_file_voids_its_pending_commit_with_the_delete():
     log, _, names = new_log()
     log.record(Make(ROOT, b"f", REG, 0, 0, 0, b"", 2, 1))

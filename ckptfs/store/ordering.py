@@ -38,6 +38,7 @@ no chunks. `check_invariants()` checks them.
 """
 from __future__ import annotations
 
+import itertools
 import stat
 import time
 from collections import deque
@@ -137,19 +138,20 @@ class CommitLog:
         """The longest prefix of pending records that can go in one frame now (about `budget`
         bytes at most, unless one atomic group needs more); marks it in flight."""
         batch: list[Pending] = []
-        need = -1
+        need = -1  # the last index of every group begun so far
         size = 0
+        end = 0  # the batch may end after this many records (no group split)
         for p in self.pending:
             if not p.ready():
                 break
             batch.append(p)
             need = max(need, p.group_end)
             size += FRAME_OVERHEAD + len(p.chunks) * EXTENT_BYTES
-            if size > budget and p.index >= need:
-                break
-        while batch and batch[-1].index < need:
-            batch.pop()  # an atomic group is not complete yet: leave it for later
-            need = max([q.group_end for q in batch], default=-1)
+            if p.index >= need:
+                end = len(batch)
+                if size > budget:
+                    break
+        del batch[end:]  # an atomic group is not complete yet: leave it for later
         if batch:
             self.in_flight = max(self.in_flight, batch[-1].index)
         return batch
@@ -219,9 +221,9 @@ class CommitLog:
         q.void = True
         freed = list(q.chunks.values())
         q.chunks = {}
-        for r in self.pending:
-            if q.index <= r.index <= until:
-                r.group_end = max(r.group_end, until)
+        first = self.pending[0].index  # pending holds consecutive indexes, in order
+        for r in itertools.islice(self.pending, q.index - first, until - first + 1):
+            r.group_end = max(r.group_end, until)
         return freed
 
     def _deferred_named(self, parent: int, name: bytes) -> int | None:
