@@ -93,6 +93,9 @@ class CommitLog:
         self.void_floor = -1  # records up to here were overdue (max_lag): no longer voidable
         self.deferred: dict[int, tuple[int, bytes, tuple]] = {}  # ino -> (parent, name, its make record)
         self.records_voided = 0
+        # (blocker, records_voided, committed) when take_batch last found nothing: the record it
+        # stopped at, not ready. Until that changes nothing can go, and the scan is skipped.
+        self._stalled: tuple | None = None
 
     # ---- events ----------------------------------------------------------------
     def record(self, rec: tuple) -> list:
@@ -137,12 +140,18 @@ class CommitLog:
     def take_batch(self, budget: int) -> list[Pending]:
         """The longest prefix of pending records that can go in one frame now (about `budget`
         bytes at most, unless one atomic group needs more); marks it in flight."""
+        stalled = self._stalled
+        if (stalled is not None and stalled[1:] == (self.records_voided, self.committed)
+                and not stalled[0].ready()):
+            return []  # (only a void, a commit or the blocker's drain can let records go)
         batch: list[Pending] = []
         need = -1  # the last index of every group begun so far
         size = 0
         end = 0  # the batch may end after this many records (no group split)
+        blocker = None
         for p in self.pending:
             if not p.ready():
+                blocker = p
                 break
             batch.append(p)
             need = max(need, p.group_end)
@@ -152,6 +161,7 @@ class CommitLog:
                 if size > budget:
                     break
         del batch[end:]  # an atomic group is not complete yet: leave it for later
+        self._stalled = (blocker, self.records_voided, self.committed) if not batch and blocker is not None else None
         if batch:
             self.in_flight = max(self.in_flight, batch[-1].index)
         return batch
