@@ -350,7 +350,9 @@ class Store:
                 self.unsealed.pop(id(c), None)
                 self.drainer.queue(c)
         self._unpin(self.log.close(inode.ino, inode.size, inode.mtime_ns, inode.ctime_ns, snap))
-        self.committer.wake()
+        if all(c.drained for c in snap.values()):
+            self.committer.wake()  # else its chunks' drain wakes the committer (a close that voids an
+            # older commit groups everything up to the new one, so nothing else became ready)
 
     def usage(self) -> tuple[int, int]:
         return self.capacity_bytes(), self.used_bytes()
