@@ -107,9 +107,12 @@ class Drainer:
         queue = self.ready[dev]
         queue[id(chunk)] = chunk
         # wake a worker for a full batch (large I/Os, few thread hand-offs) or when someone
-        # waits for this chunk; the ticker picks up partial batches a moment later
+        # waits for this chunk; the ticker picks up partial batches a moment later. Only a
+        # parked worker needs it: one busy or held at the gate looks at the queue when it comes
+        # back (while a save streams in, a wake-up per chunk cost the trio thread more than the chunk)
         if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
-            self.host.loop.soon(self.work[dev].unpark)
+            if self.work[dev]:
+                self.host.loop.soon(self.work[dev].unpark)
         elif not self.tick.is_set():
             self.host.loop.soon(self._set_tick)
 
