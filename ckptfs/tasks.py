@@ -55,7 +55,8 @@ class LoopLock(trio.abc.Instrument):
     says so (`_waiting`), and the trio thread, coming out of its I/O wait, lets every such
     thread have its turn first (at most HANDOFF_MAX_S per pass).
 
-    `statistics()`: how often and how long other threads waited for the lock.
+    `statistics()`: how often and how long other threads waited for the lock, and how often the
+    trio thread woke (`trio_passes`: each wake-up costs it a scheduler pass under the GIL).
     """
 
     def __init__(self):
@@ -68,6 +69,7 @@ class LoopLock(trio.abc.Instrument):
         self.wait_s = 0.0  # their total wait
         self.max_wait_s = 0.0
         self.acquired = 0  # acquisitions by other threads
+        self.passes = 0  # times the trio thread came out of its I/O wait (woken, or a timeout)
         self._waiting = 0  # other threads blocked on the lock now (GUARDED_BY: _turn)
         self._turn = threading.Condition(threading.Lock())
         self._tls = threading.local()  # .defer: this thread's wake-ups wait for kick(); .kick: one is due
@@ -93,6 +95,7 @@ class LoopLock(trio.abc.Instrument):
         self.lock.release()
 
     def after_io_wait(self, timeout: float) -> None:
+        self.passes += 1
         if self._waiting:  # threads queued for the lock go first (a busy trio thread would win every race)
             with self._turn:
                 self._turn.wait_for(lambda: not self._waiting, HANDOFF_MAX_S)
@@ -162,4 +165,4 @@ class LoopLock(trio.abc.Instrument):
 
     def statistics(self) -> dict[str, float]:
         return {"acquired": self.acquired, "waits": self.waits, "wait_s": self.wait_s,
-                "max_wait_s": self.max_wait_s}
+                "max_wait_s": self.max_wait_s, "trio_passes": self.passes}

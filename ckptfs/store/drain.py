@@ -4,8 +4,8 @@
 chunks move. Each device has `queue_depth` worker tasks taking chunks from
 its queue. A worker takes a few queued chunks at once, gives each a data unit
 (consecutive units where it can), and writes each run of consecutive units
-with one `pwritev` in a worker thread, the checksum computed there too, so
-the trio thread only does bookkeeping (and zeroes each chunk's tail up to 4
+with one `pwritev`, all the batch's runs in one worker-thread job, the
+checksums computed there too, so the trio thread only does bookkeeping (and zeroes each chunk's tail up to 4
 KiB before the write starts: a write may extend the chunk in place
 meanwhile, from the trio thread or a FUSE worker holding the loop lock).
 Wake-ups that may come from such a worker (a queued chunk, the gate, the
@@ -259,8 +259,14 @@ class Drainer:
             for p in run:
                 p[0].busy = True
                 _zero_tail(h.arena.view(p[0].slot), p[4])
+        by_dev: dict[int, list] = {}  # (almost always one device: the batch's preferred one)
+        for run in runs:
+            by_dev.setdefault(run[0][1], []).append((run, [h.arena.view(p[0].slot) for p in run]))
         try:
-            await gather([(self._write_run, run, [h.arena.view(p[0].slot) for p in run]) for run in runs])
+            if len(by_dev) == 1:
+                await self._write_runs(*next(iter(by_dev.items())))
+            else:
+                await gather([(self._write_runs, dev, jobs) for dev, jobs in by_dev.items()])
         finally:
             for run in runs:
                 for p in run:
@@ -270,41 +276,49 @@ class Drainer:
                         h.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
                         chunk.slot = None
 
-    async def _write_run(self, run: list[tuple], views: list[memoryview]) -> None:
-        """Write chunks bound for consecutive units of one device with one pwritev."""
+    async def _write_runs(self, dev: int, jobs: list[tuple[list[tuple], list[memoryview]]]) -> None:
+        """Write runs of chunks bound for consecutive units of device `dev`, one pwritev each, all
+        in one worker-thread job (a task and a thread hop per run cost the trio thread more than
+        the device's queue depth gains: the device's other workers keep it busy)."""
         h = self.host
-        dev, first = run[0][1], run[0][2]
         stats = h.stats[dev]
-        t0 = trio.current_time()
         stats.in_flight += 1
-        sharing = stats.in_flight  # I/Os sharing the device with this one, roughly
+        sharing = stats.in_flight  # I/Os sharing the device with these, roughly
         try:
-            crcs = await trio.to_thread.run_sync(_checksum_and_write, h.devices[dev], views,
-                                                 [p[4] for p in run], h.sbs[dev].unit_offset(first),
-                                                 limiter=h.limiters[dev])
-        except DeviceError as e:
+            results = await trio.to_thread.run_sync(
+                _checksum_and_write_runs, h.devices[dev],
+                [(views, [p[4] for p in run], h.sbs[dev].unit_offset(run[0][2])) for run, views in jobs],
+                limiter=h.limiters[dev])
+        finally:
             stats.in_flight -= 1
-            stats.errors += 1
-            for _, d, unit, _, _ in run:
-                h.alloc.release(d, unit)
-            await h.retry_later(e, [p[0].ino for p in run],
-                                f"drain of inode {run[0][0].ino} ({len(run)} chunk(s)) failed")
-            for chunk, *_ in run:
-                self.queue(chunk)
-            return
-        stats.writes += 1
-        stats.in_flight -= 1
-        stats.observe(sharing * sum(round_up(p[4]) for p in run), trio.current_time() - t0)
-        h.wrote(dev)
-        for (chunk, d, unit, gen, hwm), crc in zip(run, crcs):
-            h.stats[d].bytes_written += round_up(hwm)
-            if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
-                h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
-                if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= h.chunk_size:
-                    self.queue(chunk)
+        failed: list[tuple] = []
+        for (run, _), result in zip(jobs, results):
+            if isinstance(result, DeviceError):
+                stats.errors += 1
+                for _, d, unit, _, _ in run:
+                    h.alloc.release(d, unit)
+                failed.append((run, result))
                 continue
-            h.drained(chunk, Extent(d, unit, hwm, crc))
-        h.wake()
+            crcs, seconds = result
+            stats.writes += 1
+            stats.observe(sharing * sum(round_up(p[4]) for p in run), seconds)
+            for (chunk, d, unit, gen, hwm), crc in zip(run, crcs):
+                h.stats[d].bytes_written += round_up(hwm)
+                if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
+                    h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
+                    if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= h.chunk_size:
+                        self.queue(chunk)
+                    continue
+                h.drained(chunk, Extent(d, unit, hwm, crc))
+        if len(failed) < len(jobs):
+            h.wrote(dev)
+            h.wake()
+        if failed:
+            chunks = [p[0] for run, _ in failed for p in run]
+            await h.retry_later(failed[0][1], [c.ino for c in chunks],
+                                f"drain of inode {chunks[0].ino} ({len(chunks)} chunk(s)) failed")
+            for chunk in chunks:
+                self.queue(chunk)
 
     # ---- fetches -------------------------------------------------------------------
     async def fetch(self, chunks: list[Chunk]) -> None:
@@ -473,17 +487,25 @@ def _zero_tail(view: memoryview, hwm: int) -> None:
         view[hwm:length] = bytes(length - hwm)
 
 
-def _checksum_and_write(device: BlockDevice, views: list[memoryview], hwms: list[int], offset: int
-                        ) -> list[int]:
-    """In a worker thread: checksum each chunk's valid bytes, write them (zero-padded to 4 KiB
-    already) with one pwritev at `offset`; returns the crcs.
+def _checksum_and_write_runs(device: BlockDevice, runs: list[tuple[list[memoryview], list[int], int]]) -> list:
+    """In a worker thread: for each run (views, valid lengths, device offset), checksum each
+    chunk's valid bytes and write them (zero-padded to 4 KiB already) with one pwritev at the
+    offset. Per run: (crcs, seconds the write took), or the DeviceError it raised (the other
+    runs are still written).
 
     If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
     """
-    bufs, crcs = [], []
-    for view, hwm in zip(views, hwms):
-        length = round_up(hwm)
-        crcs.append(crc32c.crc32c(view[:hwm]))
-        bufs.append(view[:length])
-    device.pwritev(bufs, offset)
-    return crcs
+    out: list = []
+    for views, hwms, offset in runs:
+        bufs, crcs = [], []
+        for view, hwm in zip(views, hwms):
+            crcs.append(crc32c.crc32c(view[:hwm]))
+            bufs.append(view[:round_up(hwm)])
+        t0 = time.monotonic()
+        try:
+            device.pwritev(bufs, offset)
+        except DeviceError as e:
+            out.append(e)
+            continue
+        out.append((crcs, time.monotonic() - t0))
+    return out
