@@ -188,6 +188,8 @@ def test_sigkill_of_the_uploader_mid_upload_resumes_and_restores_bit_exact(tmp_p
         assert rep["failing"] is None and rep["uploader"]["restarts"] >= 1 and rep["uploader"]["pid"] != pid
         assert "killed by SIGKILL" in rep["last_error"]["message"] and rep["last_error"]["cause"] == "uploader"
         assert not alive(pid)
+        text = ckptfs("status", str(m.path)).stdout
+        assert f"Uploader process: pid {rep['uploader']['pid']}, idle priority" in text and "SIGKILL" in text, text
         failed = [line for line in m.log_text().splitlines() if "replicate.failed" in line and "SIGKILL" in line]
         assert len(failed) == 1, failed  # logged once, not once per call
         gens = manifests(client, bucket)
@@ -232,5 +234,20 @@ def test_the_priority_option_is_applied_to_every_thread_of_the_uploader_only(tmp
         assert sched(m.pid) == {(0, 0)}  # the daemon's own threads are unchanged
         assert json.loads(ckptfs("status", "--json", str(m.path)).stdout)["replication"]["uploader"]["priority"] \
             == (priority or "idle")
+    finally:
+        m.close()
+
+
+def test_unmount_ends_the_uploader_even_a_stopped_one(tmp_path, s3, bucket):
+    m = replicating(tmp_path, s3, bucket)
+    try:
+        (m.path / "a.bin").write_bytes(os.urandom(3 * MiB))
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        pid = uploader_of(m)
+        os.kill(pid, signal.SIGSTOP)  # it cannot even see the end of file of its socket
+        res = m.umount(timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert not alive(pid)
+        assert "replicate.uploader_gone" not in m.log_text()  # a stop is no failure
     finally:
         m.close()

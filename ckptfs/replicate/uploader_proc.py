@@ -81,7 +81,7 @@ class _Process:
         self.info: dict | None = None  # its "ready" message
         self.fatal: str | None = None  # its line when it could not start
         self.hung = False
-        self.gone: S3Error | None = None
+        self.gone: str | None = None  # why it is gone (each call it fails gets its own S3Error)
         self.heard = trio.current_time()  # last time it said anything (or a wait began)
         self.cpu = 0.0  # its CPU seconds when last looked at
 
@@ -103,6 +103,7 @@ class Uploader:
         self._next_start = 0.0
         self._backoff = BACKOFF_MIN
         self._nursery: trio.Nursery | None = None
+        self.stopping = False
         self.starts = 0
         self.last_exit: str | None = None
         self.cpu_exited = 0.0  # CPU seconds of the processes that are gone
@@ -148,7 +149,7 @@ class Uploader:
         proc = await self._running()
         await proc.ready.wait()
         if proc.gone is not None:
-            raise proc.gone
+            raise S3Error(UPLOADER, proc.gone)
         id = next(self._ids)
         msg = {"op": "call", "name": name, "args": list(args)}
         blob = b""
@@ -195,7 +196,7 @@ class Uploader:
             if proc is not None and proc.gone is None:
                 return proc
             await trio.sleep_until(self._next_start)
-            if self._nursery is None:
+            if self._nursery is None or self.stopping:
                 raise S3Error(UPLOADER, "the uploader process is stopped (unmounting)")
             self._next_start = trio.current_time() + self._backoff
             self._backoff = min(2 * self._backoff, BACKOFF_MAX)
@@ -300,13 +301,13 @@ class Uploader:
             why = f"the uploader process (pid {pid}) exited with status {status}"
         if proc.info is None and proc.fatal is None and not proc.hung:
             why += " before it was ready"
-        proc.gone = S3Error(UPLOADER, why)
+        proc.gone = why
         self.last_exit = why
-        if not proc.calls and proc.info is not None and self._nursery is not None:
+        if not proc.calls and proc.info is not None and not self.stopping:
             # nobody waits to report it (a failing call is reported by the replicator)
             log.warning("replicate.uploader_gone", extra={"fields": {"reason": why, "restart": "on the next call"}})
         for call in proc.calls.values():
-            call.error = proc.gone
+            call.error = S3Error(UPLOADER, why)
             call.done.set()
         proc.ready.set()
 
@@ -316,7 +317,10 @@ class Uploader:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self.stopping = True  # the processes' tasks are cancelled now: they end theirs
         finally:
             self._nursery = None
 
