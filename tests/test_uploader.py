@@ -192,6 +192,7 @@ def test_sigkill_of_the_uploader_mid_upload_resumes_and_restores_bit_exact(tmp_p
         assert f"Uploader process: pid {rep['uploader']['pid']}, idle priority" in text and "SIGKILL" in text, text
         failed = [line for line in m.log_text().splitlines() if "replicate.failed" in line and "SIGKILL" in line]
         assert len(failed) == 1, failed  # logged once, not once per call
+        assert "uploader_garbled" not in m.log_text()
         gens = manifests(client, bucket)
         cache: dict = {}
         for gen in sorted(gens):  # no manifest names a missing or partial object

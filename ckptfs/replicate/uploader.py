@@ -29,11 +29,11 @@ import argparse
 import ctypes
 import mmap
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from . import priority, wire
 
@@ -41,13 +41,12 @@ PR_SET_PDEATHSIG = 1
 MAX_FDS = 8  # file descriptors one read of the socket takes
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL when the parent goes; exit now if it already went (it died before the prctl)."""
+def die_with_parent(parent: int) -> bool:
+    """SIGKILL when the parent goes; False if it already went (it died before the prctl)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != parent:
-        os._exit(0)
+    return os.getppid() == parent
 
 
 class Body:
@@ -81,12 +80,15 @@ CALLS = frozenset({"list", "put", "delete", "manifest", "create_upload", "upload
 
 
 class Server:
-    """Serves the daemon's calls on `sock` with `target`, `connections` at once."""
+    """Serves the daemon's calls on `sock` with `target`, `connections` at once (daemon threads: the
+    process exits without waiting for the calls in flight)."""
 
     def __init__(self, sock: socket.socket, target, connections: int):
         self.sock = sock
         self.target = target
-        self.pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="upload")
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(connections):
+            threading.Thread(target=self.work, name=f"upload-{i}", daemon=True).start()
         self.send_lock = threading.Lock()
         self.maps: dict[int, mmap.mmap] = {}
         self.fds: list[int] = []  # received, not yet claimed by a "map"
@@ -109,7 +111,7 @@ class Server:
     def handle(self, id: int, msg: dict, blob: bytes) -> None:
         op = msg.get("op")
         if op == "call":
-            self.pool.submit(self.call, id, msg, blob)
+            self.calls.put((id, msg, blob))
         elif op == "map":
             fd = self.fds.pop(0)
             self.maps[msg["region"]] = mmap.mmap(fd, msg["size"], mmap.MAP_SHARED, mmap.PROT_READ)
@@ -123,6 +125,10 @@ class Server:
                     pass
         elif op == "ping":
             self.send({"pong": True})
+
+    def work(self) -> None:
+        while True:
+            self.call(*self.calls.get())
 
     def call(self, id: int, msg: dict, blob: bytes) -> None:
         try:
@@ -146,7 +152,7 @@ class Server:
             try:
                 self.send({"error": wire.error(e)}, id)
             except OSError:
-                os._exit(0)  # the daemon is gone
+                pass  # the daemon is gone: the main thread sees the end of file and exits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.socket)
     try:
-        die_with_parent(args.parent)
+        if not die_with_parent(args.parent):
+            return 0
         priority.lower(args.priority)  # before any other thread exists: they inherit it
         from .client import Target
         from .manifest import parse_url
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         server.serve()
     except (OSError, wire.WireError) as e:
         print(f"ckptfs uploader: {e}", file=sys.stderr)
-    os._exit(0)  # calls in flight are abandoned: the daemon has gone or retries them
+    return 0  # calls in flight are abandoned: the daemon has gone, or retries them
 
 
 if __name__ == "__main__":

@@ -240,8 +240,11 @@ class Uploader:
             try:
                 data = await proc.sock.recv(1 << 16)
                 frames = decoder.feed(data)
-            except (OSError, wire.WireError) as e:
+            except OSError:  # ECONNRESET: it died with our frames unread
+                return
+            except wire.WireError as e:
                 log.warning("replicate.uploader_garbled", extra={"fields": {"pid": proc.proc.pid, "error": str(e)}})
+                _kill(proc.proc)
                 return
             if not data:
                 return

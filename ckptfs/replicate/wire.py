@@ -38,14 +38,12 @@ from __future__ import annotations
 import json
 import struct
 
-from .client import OTHER, NoSuchUpload, S3Error
 from .manifest import BadManifest
 
 HEADER = struct.Struct("<IQI")  # length (after this field), id, json length
 _AFTER_LENGTH = HEADER.size - 4
 MAX_FRAME = 1 << 30
 BLOB = "blob"  # a body or result that travels as the frame's blob
-_ERRORS = {cls.__name__: cls for cls in (S3Error, NoSuchUpload)}
 
 
 class WireError(Exception):
@@ -90,17 +88,21 @@ class Decoder:
 
 def error(e: BaseException) -> dict:
     """The "error" message of a call that raised `e` (an S3Error, NoSuchUpload or BadManifest keeps its type)."""
+    from .client import OTHER, NoSuchUpload, S3Error  # here: the uploader lowers its priority before boto3 loads
+
     if isinstance(e, BadManifest):
         return {"type": "BadManifest", "cause": None, "message": str(e)}
     if not isinstance(e, S3Error):
         e = S3Error(OTHER, f"{type(e).__name__}: {e}")
-    return {"type": type(e).__name__ if type(e).__name__ in _ERRORS else "S3Error", "cause": e.cause,
+    return {"type": "NoSuchUpload" if isinstance(e, NoSuchUpload) else "S3Error", "cause": e.cause,
             "message": str(e)}
 
 
 def exception(err: dict) -> Exception:
     """The exception an "error" message stands for, of the type it had in the uploader."""
+    from .client import OTHER, NoSuchUpload, S3Error
+
     if err.get("type") == "BadManifest":
         return BadManifest(err.get("message", ""))
-    cls = _ERRORS.get(err.get("type"), S3Error)
+    cls = NoSuchUpload if err.get("type") == "NoSuchUpload" else S3Error
     return cls(err.get("cause") or OTHER, err.get("message", ""))
