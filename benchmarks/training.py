@@ -46,8 +46,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common import (ROOT, SCRATCH, GiB, clear_dir, file_devices, finish, fsync_path, machine, mounted, now,
-                    pairwise, proc_cpu_seconds, children_cpu_seconds, rotated, shm_dir, stats, sync_mount, target)
+from common import (ROOT, SCRATCH, GiB, children_cpu_seconds, clear_dir, file_devices, finish, fsync_path, machine,
+                    mounted, now, pairwise, proc_cpu_seconds, rotated, shm_dir, stats, sync_mount, target)
+
+from ckptfs.replicate.priority import DEFAULT_PRIORITY, PRIORITIES
 
 sys.path.insert(0, str(ROOT / "examples"))
 from train import batch, build_model  # noqa: E402 - the example's own model and data
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
     ap.add_argument("--replicate-rate", default=None, metavar="BYTES/S",
                     help="ckptfs --replicate-rate for ckptfs_s3 (default: no cap)")
-    ap.add_argument("--replicate-priority", choices=("idle", "low", "normal"), default=None,
+    ap.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
                     help="ckptfs --replicate-priority for ckptfs_s3: its uploader process (default: ckptfs's own)")
     ap.add_argument("--s3-priority", choices=("idle", "normal"), default="idle",
                     help="CPU priority of the local S3 server (default idle: it stands in for a remote store "
