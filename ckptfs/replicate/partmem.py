@@ -104,7 +104,10 @@ class Region:
 
     def close(self) -> None:
         """Close the fd; the mapping goes once no buffer of it is referenced any more."""
-        self.view.release()
+        try:
+            self.view.release()
+        except BufferError:  # a buffer of it is still exported: unmapped when that goes
+            pass
         os.close(self.fd)
 
 

@@ -59,9 +59,9 @@ from .client import DEVICE, OTHER, NoSuchUpload, S3Error
 from .manifest import (BadManifest, OBJECTS, Manifest, S3Url, collectable, content_key, manifest_generation,
                        manifest_name, unreferenced)
 from .partmem import Part, PartMemory
+from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, restoring, same_tree, take
 from .source import read_part
-from .priority import DEFAULT_PRIORITY
 from .uploader_proc import Uploader
 
 log = logging.getLogger("ckptfs.replicate")
