@@ -160,9 +160,9 @@ machine (SeaweedFS, ~12 CPU s per GiB stored) runs at idle priority and is
 counted in no column. Measured with `python benchmarks/training.py --systems
 shm,ckptfs --replicate --every 1,10 --repeats 3` on 2026-12-01, alternating
 runs in one hour, step time with / without replication (every step; every 10
-steps), median of 3 rounds: calls in the daemon's threads (before) 2.26 and
-1.69; uploader process at idle 2.89 and 2.06, at low (nice 19) 2.46 and 1.91, at
-normal 2.49 and 1.82. Moving the calls out took the hashing and sending off
+steps), median of 3 rounds per run: calls in the daemon's threads (before, 2
+runs) 2.26-2.51 and 1.69-1.86; uploader process at idle (2 runs) 2.17-2.89 and
+1.85-2.06, at low (nice 19) 2.46 and 1.91, at normal 2.49 and 1.82. Moving the calls out took the hashing and sending off
 the daemon (its CPU per step with replication fell from 0.295 s to 0.17-0.21 s,
 against 0.16 s without replication) but did not bring the trainer's cost
 down, and the priority made no difference beyond noise. CPU priority is not
@@ -184,7 +184,8 @@ default: the three priorities cost the trainer the same here and kept the same
 pace (24 of the run's checkpoint versions uploaded in every run), idle is the
 one that yields to everything else when CPU is what is contended, and it costs
 nothing when CPU is free (`benchmarks/replicate.py --size 512M` the same hour:
-ckptfs at 1.01x boto3's throughput with the uploader at idle).
+ckptfs at 1.01 and 1.09x boto3's throughput with the uploader at idle, 0.82 and
+1.17x with the calls in the daemon).
 
 **Every step to one path.** Bytes reaching the devices = what the drain wrote
 of each checkpoint before the next save replaced it, plus the last
