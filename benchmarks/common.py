@@ -201,6 +201,26 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: fields 14, 15 of stat
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the child processes of `pid`: those alive (every thread), plus
+    those it has reaped (cutime, cstime). For a ckptfs daemon: its uploader process (--replicate)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    total = (int(fields[13]) + int(fields[14])) / CLK_TCK  # cutime, cstime: fields 16, 17 of stat
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                total += proc_cpu_seconds(kid)
+            except OSError:
+                pass  # gone meanwhile (and counted in cutime once reaped)
+    return total
+
+
 def proc_io(pid: int) -> dict[str, int]:
     """/proc/<pid>/io as a dict (read_bytes, write_bytes, ...)."""
     with open(f"/proc/{pid}/io") as f:

@@ -77,6 +77,12 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     s3_daemon = _get(train, "rows", "ckptfs_s3@1", "daemon_cpu_s", "median")
     s3_trainer = _get(train, "rows", "ckptfs_s3@1", "trainer_cpu_s", "median")
     ck_trainer = _get(train, "rows", "ckptfs@1", "trainer_cpu_s", "median")
+    s3_uploader = _get(train, "rows", "ckptfs_s3@1", "uploader_cpu_s", "median")
+    s3_cpu_text = (f"in the run above (made before the uploader process existed) the daemon made them "
+                   f"itself and used {_num(s3_daemon, '.3f')} CPU seconds per step with replication against "
+                   f"{_num(step_daemon, '.3f')} without" if s3_uploader is None else
+                   f"in the run above the daemon used {_num(s3_daemon, '.3f')} CPU seconds per step with "
+                   f"replication against {_num(step_daemon, '.3f')} without, and the uploader {_num(s3_uploader, '.3f')}")
     durable_rows = _get(results, "scale", "durable", "rows", default=[]) or []
     drain_cpu = [r.get("daemon_cpu_s_per_gib") for r in durable_rows]
 
@@ -146,19 +152,40 @@ drained: {", ".join(_num(c) for c in drain_cpu) or "?"} s for 1, 2, 4 devices).
 
 **Replication while training.** A replicating mount uploads each durable
 checkpoint version (the newest; superseded ones are skipped): with a checkpoint
-every step that is {ckpt_mib:.0f} MiB per step, and its daemon used
-{_num(s3_daemon, ".3f")} CPU seconds per step here against {_num(step_daemon, ".3f")} without
-replication. Over http, botocore must hash every payload for SigV4 (SHA-256,
-0.83 CPU s per GiB on this CPU; over https S3 needs no payload hash), then
-sends it through the loopback. The S3 server on this machine (SeaweedFS, ~12
-CPU s per GiB stored) runs at idle priority and is counted in no column, but
-on two cores torch's two intra-op threads lose a core to whatever else runs
-and the trainer's own CPU per step rises ({_num(s3_trainer, ".3f")} s against
-{_num(ck_trainer, ".3f")} s). `--replicate-rate` bounds that cost: measured with
-`python benchmarks/training.py --systems shm,ckptfs --replicate --replicate-rate 16M
---every 1,10 --repeats 3` on 2026-12-01, step time with / without replication
-was 1.15 (every step) and 1.21 (every 10 steps), against 2.73 and 1.86 uncapped
-in the same hour; the cap trades how recent the newest replicated checkpoint is.
+every step that is {ckpt_mib:.0f} MiB per step. Over http, botocore must hash every
+payload for SigV4 (SHA-256, 0.83 CPU s per GiB on this CPU; over https S3 needs
+no payload hash), then send it through the loopback. Those calls run in the
+uploader process at idle CPU priority (`--replicate-priority`); {s3_cpu_text}. The S3 server on this
+machine (SeaweedFS, ~12 CPU s per GiB stored) runs at idle priority and is
+counted in no column. Measured with `python benchmarks/training.py --systems
+shm,ckptfs --replicate --every 1,10 --repeats 3` on 2026-12-01, alternating
+runs in one hour, step time with / without replication (every step; every 10
+steps), median of 3 rounds per run: calls in the daemon's threads (before, 2
+runs) 2.26-2.51 and 1.69-1.86; uploader process at idle (2 runs) 2.17-2.89 and
+1.85-2.06, at low (nice 19) 2.46 and 1.91, at normal 2.49 and 1.82. Moving the calls out took the hashing and sending off
+the daemon (its CPU per step with replication fell from 0.295 s to 0.17-0.21 s,
+against 0.16 s without replication) but did not bring the trainer's cost
+down, and the priority made no difference beyond noise. CPU priority is not
+what costs the trainer here: beside two processes spinning or hashing on both
+cores at SCHED_IDLE or nice 19, the bare training step took 10-20% longer,
+not 2.5 times; nor is the S3 server's disk (with its data on tmpfs: 2.72 and
+1.99 before, 2.76 and 1.62 after). What remains is not measured apart yet; the
+suspects are the replicating daemon's own part (reading each part back,
+CRC-checked, from memory or the devices: about 0.05-0.09 CPU s per step in the
+threads that also serve the trainer's writes) and the memory traffic of
+copying, hashing and storing 162 MiB per step on the same two cores. The
+trainer's own CPU per step rises
+({_num(s3_trainer, ".3f")} s against {_num(ck_trainer, ".3f")} s) as its intra-op threads wait for each
+other. `--replicate-rate` bounds all of it: with `--replicate-rate 16M` step
+time with / without replication was 1.15 (every step) and 1.21 (every 10 steps),
+against 2.73 and 1.86 uncapped in the same hour (calls still in the daemon);
+the cap trades how recent the newest replicated checkpoint is. Idle is the
+default: the three priorities cost the trainer the same here and kept the same
+pace (24 of the run's checkpoint versions uploaded in every run), idle is the
+one that yields to everything else when CPU is what is contended, and it costs
+nothing when CPU is free (`benchmarks/replicate.py --size 512M` the same hour:
+ckptfs at 1.01 and 1.09x boto3's throughput with the uploader at idle, 0.82 and
+1.17x with the calls in the daemon).
 
 **Every step to one path.** Bytes reaching the devices = what the drain wrote
 of each checkpoint before the next save replaced it, plus the last

@@ -14,8 +14,9 @@ in the scratch folder too. Then, `--repeats` rounds, each in turn:
            10 threads), one after another, to a fresh prefix (from the page cache).
 
 Throughput = bytes / time; the ratio ckptfs / boto3 is taken round by round
-(target >= 0.9). CPU seconds per GiB: the daemon's (ckptfs) and this process's
-(boto3's threads), not counting the server's.
+(target >= 0.9). CPU seconds per GiB: ckptfs's (its daemon's plus its uploader
+process's, which makes the object-store calls; each also apart) and this
+process's (boto3's threads), not counting the server's.
 
 Then latency from a save's close to replicated: with replication on, a file of
 `--latency-size` is written and closed, and `ckptfs.wait_replicated` returns
@@ -31,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import (GiB, MiB, ROOT, SCRATCH, file_devices, finish, machine, mounted, now, pairwise, parse_size,
-                    proc_cpu_seconds, stats, sync_mount, target)
+from common import (GiB, MiB, ROOT, SCRATCH, children_cpu_seconds, file_devices, finish, machine, mounted, now,
+                    pairwise, parse_size, proc_cpu_seconds, stats, sync_mount, target)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from s3server import S3Server  # noqa: E402
@@ -62,11 +63,11 @@ def ckptfs_round(mnt: Path, devices: list, memory: str, srv: S3Server, prefix: s
     extra = ("--replicate", f"s3://{BUCKET}/{prefix}", "--s3-endpoint", srv.endpoint)
     with mounted(mnt, devices, memory, fmt=False, log_file=log, extra=extra) as pid:
         t0 = time.perf_counter()  # the daemon began replicating a few milliseconds earlier
-        c0 = proc_cpu_seconds(pid)
+        c0, u0 = proc_cpu_seconds(pid), children_cpu_seconds(pid)
         wait_replicated(mnt)
         seconds = time.perf_counter() - t0
-        cpu = proc_cpu_seconds(pid) - c0
-    return {"seconds": seconds, "cpu_s": cpu}
+        cpu, ucpu = proc_cpu_seconds(pid) - c0, children_cpu_seconds(pid) - u0
+    return {"seconds": seconds, "cpu_s": cpu + ucpu, "daemon_cpu_s": cpu, "uploader_cpu_s": ucpu}
 
 
 def boto3_round(paths: list[Path], srv: S3Server, prefix: str) -> dict:
@@ -129,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                      else boto3_round(plain, srv, prefix))
                 r["bps"] = each * args.files / r["seconds"]
                 runs[who].append(r)
+                split = (f" (daemon {r['daemon_cpu_s'] / (each * args.files / GiB):.2f}, uploader "
+                         f"{r['uploader_cpu_s'] / (each * args.files / GiB):.2f})" if who == "ckptfs" else "")
                 print(f"round {rnd + 1} {who:6s}: {r['bps'] / 1e6:.0f} MB/s ({r['seconds']:.2f} s), "
-                      f"{r['cpu_s'] / (each * args.files / GiB):.2f} CPU s/GiB", flush=True)
+                      f"{r['cpu_s'] / (each * args.files / GiB):.2f} CPU s/GiB{split}", flush=True)
         lat_size = parse_size(args.latency_size)
         extra = ("--replicate", f"s3://{BUCKET}/latency", "--s3-endpoint", srv.endpoint)
         with mounted(mnt, devices, args.memory, fmt=False, log_file=scratch / "daemon.log", extra=extra):
@@ -147,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = pairwise([r["bps"] for r in runs["ckptfs"]], [r["bps"] for r in runs["boto3"]])
     rows = {who: {"bps": stats([r["bps"] for r in rs]), "seconds": stats([r["seconds"] for r in rs]),
                   "cpu_s_per_gib": stats([r["cpu_s"] / gib for r in rs])} for who, rs in runs.items()}
+    for part in ("daemon", "uploader"):  # where ckptfs's CPU goes
+        rows["ckptfs"][f"{part}_cpu_s_per_gib"] = stats([r[f"{part}_cpu_s"] / gib for r in runs["ckptfs"]])
     data = {
         "benchmark": "replicate", "when": now(), "seconds": time.perf_counter() - t_start, "machine": machine(),
         "config": {"size": args.size, "files": args.files, "repeats": args.repeats, "memory": args.memory,

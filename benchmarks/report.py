@@ -80,7 +80,8 @@ def training_md(d: dict) -> str:
     c = d["config"]
     rows = []
     for name, r in d["rows"].items():
-        cpu = [fs(r.get("trainer_cpu_s"), 1e3, 0), fs(r.get("daemon_cpu_s"), 1e3, 0)]
+        cpu = [fs(r.get("trainer_cpu_s"), 1e3, 0), fs(r.get("daemon_cpu_s"), 1e3, 0),
+               fs(r.get("uploader_cpu_s"), 1e3, 0) if r.get("system") == "ckptfs_s3" else "–"]
         if name == "none":
             rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu, "–"])
             continue
@@ -93,15 +94,17 @@ def training_md(d: dict) -> str:
     s3_text = "" if not s3 else (
         f" The replicating mount uploads to SeaweedFS on this machine at {s3['priority']} CPU priority (it "
         f"stands in for a remote store; {s3.get('cpu_s') or 0:.0f} CPU s over the run, counted in no column), "
-        f"--replicate-rate {s3.get('replicate_rate') or 'uncapped'}.")
+        f"--replicate-rate {s3.get('replicate_rate') or 'uncapped'}, its uploader process at "
+        f"{s3.get('replicate_priority') or 'normal (in the daemon)'} priority.")
     return (f"Checkpoint {c['checkpoint_bytes'] / 2**20:.0f} MiB (model + Adam state), batch {c['batch_size']}, "
             f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max). CPU columns: "
-            f"CPU time per step of the training process and of the ckptfs daemon, during the measured steps. "
+            f"CPU time per step of the training process, of the ckptfs daemon and of its uploader process "
+            f"(--replicate: the object-store calls), during the measured steps. "
             f"Durability lag: the age of the newest checkpoint a crash would keep, sampled before each save "
             f"(median / max).{s3_text}\n\n" +
             table(["system", "every (steps)", "step (ms)", "overhead (ms)", "overhead (%)",
                    "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)",
-                   "durability lag (s)"], rows))
+                   "uploader CPU (ms/step)", "durability lag (s)"], rows))
 
 
 def restore_md(d: dict) -> str:
@@ -174,13 +177,15 @@ def smallfiles_md(d: dict) -> str:
 
 def replicate_md(d: dict) -> str:
     c = d["config"]
-    rows = [[who, fs(r["bps"], 1e-6, 0), fs(r["seconds"], 1, 1), fs(r["cpu_s_per_gib"])]
-            for who, r in d["rows"].items()]
+    rows = [[who, fs(r["bps"], 1e-6, 0), fs(r["seconds"], 1, 1), fs(r["cpu_s_per_gib"]),
+             f"{fs(r['daemon_cpu_s_per_gib'])} / {fs(r['uploader_cpu_s_per_gib'])}" if "daemon_cpu_s_per_gib" in r
+             else "–"] for who, r in d["rows"].items()]
     lat = [[size, fs(s, 1, 2)] for size, s in d["close_to_replicated_s"].items()]
     return (f"{c['files']} files, {c['size']} in all, to {c['server']}: ckptfs replicating a remounted pool "
             f"({c['ckptfs']}) against {c['boto3']}, same files, same server, rounds interleaved. Throughput ratio "
             f"ckptfs / boto3, round by round: {fs(d['ratio_ckptfs_over_boto3'])}.\n\n" +
-            table(["uploader", "MB/s", "seconds", "CPU s/GiB (uploader only)"], rows) + "\n\n" +
+            table(["uploader", "MB/s", "seconds", "CPU s/GiB (uploader only)",
+                   "of which daemon / uploader process"], rows) + "\n\n" +
             "From a save's close to `wait --replicated` returning (durable, uploaded, in a manifest):\n\n" +
             table(["file size", "close -> replicated (s)"], lat))
 

@@ -46,8 +46,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common import (ROOT, SCRATCH, GiB, clear_dir, file_devices, finish, fsync_path, machine, mounted, now,
-                    pairwise, proc_cpu_seconds, rotated, shm_dir, stats, sync_mount, target)
+from common import (ROOT, SCRATCH, GiB, children_cpu_seconds, clear_dir, file_devices, finish, fsync_path, machine,
+                    mounted, now, pairwise, proc_cpu_seconds, rotated, shm_dir, stats, sync_mount, target)
+
+from ckptfs.replicate.priority import DEFAULT_PRIORITY, PRIORITIES
 
 sys.path.insert(0, str(ROOT / "examples"))
 from train import batch, build_model  # noqa: E402 - the example's own model and data
@@ -130,7 +132,7 @@ class Saver:
 
 
 @contextlib.contextmanager
-def s3_target(scratch: Path, idle: bool, server: dict, rate: str | None = None):
+def s3_target(scratch: Path, idle: bool, server: dict, rate: str | None = None, priority: str | None = None):
     """A fresh local S3 server with a bucket; yields the mount options that replicate to it.
     `idle`: the server's threads get SCHED_IDLE, so it runs only on CPU the trainer and the
     daemon leave (it stands in for an object store on other machines; its CPU is reported
@@ -148,7 +150,7 @@ def s3_target(scratch: Path, idle: bool, server: dict, rate: str | None = None):
     try:
         srv.client().create_bucket(Bucket="training")
         yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint,
-               *(("--replicate-rate", rate) if rate else ()))
+               *(("--replicate-rate", rate) if rate else ()), *(("--replicate-priority", priority) if priority else ()))
     finally:
         server["cpu_s"] = process_cpu(srv.proc.pid)
         srv.stop()
@@ -170,9 +172,10 @@ def replication_totals(mp: Path) -> dict:
 
 
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
-        batch_size: int, width: int, step0: int, daemon_pid: int) -> tuple[float, float, float]:
+        batch_size: int, width: int, step0: int, daemon_pid: int) -> tuple[float, float, float, float]:
     """Per measured step (saves included): wall seconds, this process's CPU seconds, the ckptfs
-    daemon's CPU seconds. The saver keeps the durability ages it sampled."""
+    daemon's CPU seconds, its uploader process's (--replicate; the object-store calls). The saver
+    keeps the durability ages it sampled."""
     def one(i: int) -> None:
         x, y = batch(step0 + i, batch_size, width)
         loss = nn.functional.mse_loss(model(x), y)
@@ -187,13 +190,14 @@ def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, s
     for i in range(warmup):
         one(i - warmup)
     t0, c0, d0 = time.perf_counter(), os.times(), proc_cpu_seconds(daemon_pid)
+    u0 = children_cpu_seconds(daemon_pid)
     for i in range(steps):
         one(i)
     dt = (time.perf_counter() - t0) / steps
-    c1, d1 = os.times(), proc_cpu_seconds(daemon_pid)
+    c1, d1, u1 = os.times(), proc_cpu_seconds(daemon_pid), children_cpu_seconds(daemon_pid)
     if saver is not None:
         saver.finish()
-    return dt, (c1.user + c1.system - c0.user - c0.system) / steps, (d1 - d0) / steps
+    return dt, (c1.user + c1.system - c0.user - c0.system) / steps, (d1 - d0) / steps, (u1 - u0) / steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
     ap.add_argument("--replicate-rate", default=None, metavar="BYTES/S",
                     help="ckptfs --replicate-rate for ckptfs_s3 (default: no cap)")
+    ap.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
+                    help="ckptfs --replicate-priority for ckptfs_s3: its uploader process (default: ckptfs's own)")
     ap.add_argument("--s3-priority", choices=("idle", "normal"), default="idle",
                     help="CPU priority of the local S3 server (default idle: it stands in for a remote store "
                          "and must not take the trainer's CPU on a small machine; its CPU is reported apart)")
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     devices_s3 = file_devices(scratch / "devices-s3", 2, 8 * GiB) if "ckptfs_s3" in systems else []
     configs = [("none", 0)] + [(s, e) for s in systems for e in everies]
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
-    cpus: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in configs}
+    cpus: dict[tuple[str, int], list[tuple[float, float, float]]] = {c: [] for c in configs}
     ages: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     step = 0
     ckpt_bytes = 0
@@ -256,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             if "ckptfs_s3" in systems:
                 pids["ckptfs_s3"] = stack.enter_context(mounted(
                     dirs["ckptfs_s3"], devices_s3, args.memory, log_file=scratch / "daemon-s3.log",
-                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server, args.replicate_rate)))))
+                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server, args.replicate_rate,
+                                                           args.replicate_priority)))))
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
             run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
@@ -266,15 +273,16 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, every in rotated(configs, rnd):
                     saver = None if kind == "none" else Saver(kind, dirs)
                     n = steps_for(every) if kind != "none" else args.steps
-                    dt, cpu, dcpu = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size, args.width,
-                                        step, pids.get(kind, pid))
+                    dt, cpu, dcpu, ucpu = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size,
+                                              args.width, step, pids.get(kind, pid))
                     step += args.warmup + n
                     times[(kind, every)].append(dt)
-                    cpus[(kind, every)].append((cpu, dcpu))
+                    cpus[(kind, every)].append((cpu, dcpu, ucpu))
                     if saver is not None:
                         ages[(kind, every)] += saver.ages
                     print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step "
-                          f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms)", flush=True)
+                          f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms, "
+                          f"uploader {ucpu * 1e3:.0f} ms)", flush=True)
                     if kind in pids:
                         sync_mount(dirs[kind])  # let the drain finish before the next run
                     if kind == "ckptfs_s3":  # and the upload: it must not run into the next configuration
@@ -290,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             d.unlink(missing_ok=True)
 
     base = times[("none", 0)]
-    def cpu_stats(c) -> dict:  # where the time goes: CPU per step of the trainer and of the daemon
-        return {"trainer_cpu_s": stats([x for x, _ in cpus[c]]), "daemon_cpu_s": stats([y for _, y in cpus[c]])}
+    def cpu_stats(c) -> dict:  # where the time goes: CPU per step of the trainer, the daemon, its uploader
+        return {"trainer_cpu_s": stats([x for x, _, _ in cpus[c]]), "daemon_cpu_s": stats([y for _, y, _ in cpus[c]]),
+                "uploader_cpu_s": stats([z for _, _, z in cpus[c]])}
     rows = {"none": {"label": LABELS["none"], "every": None, "step_s": stats(base)} | cpu_stats(("none", 0))}
     ratios = {}
     for kind in systems:
@@ -351,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if server:
         data["s3_server"] = {"priority": args.s3_priority, "cpu_s": server.get("cpu_s"), "replicate_rate": args.replicate_rate,
+                             "replicate_priority": args.replicate_priority or DEFAULT_PRIORITY,
                              "note": "SeaweedFS on this machine, standing in for a remote store"}
         data["replication"] = replication
         print(f"S3 server ({args.s3_priority} priority) used {server.get('cpu_s', 0):.1f} CPU s over the run "

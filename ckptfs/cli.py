@@ -18,6 +18,7 @@ import time
 from .fs.arena import DEFAULT_CHUNK
 from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
 from .errors import UsageError
+from .replicate.priority import PRIORITIES
 from .sizes import parse_size
 from .store.store import DEFAULT_MAX_LAG
 
@@ -175,6 +176,8 @@ def _spawn_daemon(args, mp: str) -> int:
                 "--replicate-memory", args.replicate_memory, "--no-replicate-check"]
         if args.replicate_rate:
             cmd += ["--replicate-rate", args.replicate_rate]
+        if args.replicate_priority:
+            cmd += ["--replicate-priority", args.replicate_priority]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -356,10 +359,13 @@ def _replication(args) -> dict:
     endpoint must answer, the credentials be accepted and the bucket exist. MountConfig fields."""
     from .replicate.manifest import parse_url
     from .replicate.replicator import part_size
+    from .replicate.priority import DEFAULT_PRIORITY
 
     if not args.replicate:
-        if args.replicate_rate:
-            raise UsageError("--replicate-rate needs --replicate s3://BUCKET/PREFIX")
+        for given, option in ((args.replicate_rate, "--replicate-rate"),
+                              (args.replicate_priority, "--replicate-priority")):
+            if given:
+                raise UsageError(f"{option} needs --replicate s3://BUCKET/PREFIX")
         return {}
     try:
         url = parse_url(args.replicate)
@@ -381,7 +387,7 @@ def _replication(args) -> dict:
         except S3Error as e:
             raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
     return {"replicate": str(url), "replicate_rate": rate, "replicate_keep": args.replicate_keep,
-            "replicate_memory": memory}
+            "replicate_memory": memory, "replicate_priority": args.replicate_priority or DEFAULT_PRIORITY}
 
 
 def _port(text: str) -> int:
@@ -472,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "they name are deleted (default %(default)s)")
     m.add_argument("--replicate-memory", default="256M", metavar="SIZE",
                    help="memory for uploads in flight (default %(default)s)")
+    m.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
+                   help="CPU priority of the process that hashes and sends the uploads: idle (SCHED_IDLE: only "
+                        "CPU nothing else wants), low (nice 19) or normal (default idle)")
     m.add_argument("--no-replicate-check", action="store_true", help=argparse.SUPPRESS)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)

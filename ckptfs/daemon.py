@@ -46,6 +46,7 @@ from .replicate.manifest import parse_url
 from .replicate.plan import Source
 from .replicate.replicator import Replicator
 from .replicate.restore import Restorer, SourceError, load_manifest
+from .replicate.priority import DEFAULT_PRIORITY
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
 from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
 
@@ -81,6 +82,7 @@ class MountConfig:
     replicate_rate: int | None = None  # bytes/s cap of the uploads (None: no cap)
     replicate_keep: int = 3  # manifests kept in the object store
     replicate_memory: int = 256 << 20  # bytes of part buffers in flight
+    replicate_priority: str = DEFAULT_PRIORITY  # CPU priority of the uploader process (replicate/uploader.py)
     replicate_finish: float = 30.0  # seconds an unmount waits for the last state to be replicated
 
 
@@ -163,9 +165,9 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     store.on_commit.append(monitor.on_commit)
     replicator = None
     if cfg.replicate:
-        target = Target(parse_url(cfg.replicate), cfg.s3_endpoint)
-        replicator = Replicator(store, target, rate=cfg.replicate_rate, keep=cfg.replicate_keep,
-                                memory=cfg.replicate_memory)
+        replicator = Replicator(store, parse_url(cfg.replicate), cfg.s3_endpoint, rate=cfg.replicate_rate,
+                                keep=cfg.replicate_keep, memory=cfg.replicate_memory,
+                                priority=cfg.replicate_priority)
         store.on_commit.append(replicator.notify)
 
     def state(ino: int) -> bytes | None:

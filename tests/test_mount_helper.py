@@ -143,12 +143,15 @@ def test_translates_to_the_ckptfs_command_line():
 
 def test_replication_options_reach_the_ckptfs_command_line():
     args = H.parse_argv(["/dev/a", "/ckpt", "-o", "replicate=s3://ckpt/run/node-3,s3_endpoint=http://10.0.0.5:8333,"
-                                                  "replicate-rate=100M,replicate_keep=5,replicate_memory=1G"])
+                                                  "replicate-rate=100M,replicate_keep=5,replicate_memory=1G,"
+                                                  "replicate_priority=low"])
     _, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://10.0.0.5:8333",
-                       "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-memory", "1G"]
+                       "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-memory", "1G",
+                       "--replicate-priority", "low"]
     for bad, word in (("replicate=ckpt/run", "s3://"), ("s3_endpoint=10.0.0.5", "http://"),
-                      ("replicate_rate=fast", "replicate_rate=fast"), ("replicate_keep=0", "at least 1")):
+                      ("replicate_rate=fast", "replicate_rate=fast"), ("replicate_keep=0", "at least 1"),
+                      ("replicate_priority=realtime", "idle, low, normal")):
         with pytest.raises(H.UsageError) as e:
             H.parse_options(bad)
         assert word in str(e.value)

@@ -187,6 +187,7 @@ def test_bad_replication_targets_are_one_line_and_exit_2(tmp_path, s3, bucket, m
         (("--replicate", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint), "bucket does not exist"),
         (("--replicate", f"s3://{bucket}/p", "--s3-endpoint", dead), "cannot reach"),
         (("--replicate-rate", "10M"), "needs --replicate"),
+        (("--replicate-priority", "low"), "needs --replicate"),
     ]
     try:
         for args, words in cases:

@@ -172,6 +172,12 @@ def _replication_lines(rep: dict) -> list:
                   f"{rep['generation']} ({when}), {rep['objects']} object(s); uploaded "
                   f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} object(s)"
                   + ("" if rep["started"] else "; starting"))]
+    up = rep.get("uploader")
+    if up and up.get("starts"):
+        running = f"pid {up['pid']}" if up["pid"] else "not running"
+        lines.append(Text(f"Uploader process: {running}, {up['priority']} priority, {up['cpu_s']:.1f} CPU s, "
+                          f"restarted {up['restarts']} time(s)"
+                          + (f" (last: {up['last_exit']})" if up.get("last_exit") else "")))
     if rep.get("failing"):
         f = rep["failing"]
         lines.append(Text(f"Replication failing ({f['cause']}), retrying: {f['message']}", style="bold red"))

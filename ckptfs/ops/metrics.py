@@ -43,7 +43,8 @@ With --replicate (replicate/replicator.py):
     replication_bytes_uploaded_total, replication_objects_uploaded_total
     replication_manifest_generation   the newest manifest's generation
     replication_errors_total{cause}   failed object-store calls (auth, no-bucket, network,
-                                throttled, server, other, device), each retried with backoff
+                                throttled, server, other, device, uploader), each retried
+                                with backoff
     replication_failing         1 while the last call failed (retrying), else 0
 """
 from __future__ import annotations
@@ -193,9 +194,11 @@ class StoreCollector:
 def _replication_families(rep: dict) -> list:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+    from ..replicate.client import CAUSES
+
     errors = CounterMetricFamily("ckptfs_replication_errors", "Failed object-store calls (retried with backoff).",
                                  labels=["cause"])
-    for cause in ("auth", "no-bucket", "network", "throttled", "server", "other", "device"):
+    for cause in CAUSES:
         errors.add_metric([cause], rep["errors"].get(cause, 0))
     return [
         GaugeMetricFamily("ckptfs_replication_lag_seconds", "Seconds the oldest durable change not yet in a "

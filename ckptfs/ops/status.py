@@ -66,7 +66,9 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       manifests_written, objects_deleted, manifests_deleted, keep, rate, memory,
                       read_from_arena, read_from_devices, errors {cause: count}, errors_total,
                       failing {cause, message} (the last call failed; retrying) or None,
-                      last_error {cause, message, time}
+                      last_error {cause, message, time}, uploader {pid, priority, running,
+                      calls (in flight), starts, restarts, last_exit (how the last process
+                      ended), cpu_s (all its processes so far)}
 """
 from __future__ import annotations
 

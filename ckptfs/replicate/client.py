@@ -1,8 +1,8 @@
 """The object store as ckptfs uses it: one boto3 S3 client, its calls, and why they failed.
 
-Both sides of replication go through this module: the uploader
-(replicator.py) and the restore (restore.py, and the mount-time checks in
-cli.py). `make_client(endpoint)` builds the boto3 client (thread-safe; every
+Both sides of replication go through this module: the uploads (made in the
+uploader process, uploader.py, for replicator.py) and the restore
+(restore.py, in the daemon, and the mount-time checks in cli.py). `make_client(endpoint)` builds the boto3 client (thread-safe; every
 call is blocking, so the trio services run them in worker threads):
 credentials and region come from boto3's default chain (environment,
 ~/.aws files, instance role); `endpoint` is for stores other than AWS
@@ -24,6 +24,8 @@ logs and metrics:
     server      the store failed (5xx)
     other       anything else (the message says what: a missing object, ...)
     device      (the replicator's own) reading the data to upload from a device failed
+    uploader    (the replicator's own) the uploader process that makes replication's
+                calls (uploader.py) died, hung or could not start
 
 `Target.check()` is the mount-time check of --replicate: it looks up the
 bucket and lists one key under the prefix, which needs the endpoint, the
@@ -38,9 +40,9 @@ from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as 
 
 from .manifest import MANIFESTS, Manifest, S3Url, manifest_generation, manifest_name
 
-AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE = ("auth", "no-bucket", "network", "throttled",
-                                                             "server", "other", "device")
-CAUSES = (AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE)
+AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER = (
+    "auth", "no-bucket", "network", "throttled", "server", "other", "device", "uploader")
+CAUSES = (AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER)
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
                "AuthorizationHeaderMalformed", "InvalidSecurity", "403"}
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",

@@ -25,7 +25,11 @@ A cycle:
    (a part larger than that, for a file of more than 10,000 usual parts,
    goes alone); a token
    bucket caps the bandwidth (`--replicate-rate`); `connections` calls run
-   at once in worker threads.
+   at once. The calls are made by the uploader process (uploader.py, at
+   `--replicate-priority`, idle by default), not by the daemon's threads:
+   the part buffers are shared memory both map (partmem.py) and a call
+   names its payload there (uploader_proc.py), so the daemon only reads
+   the parts and never hashes or sends them.
 4. **Manifest** generation + 1, written only now that every object it names
    is in the store (the prefix rule, docs/SEMANTICS.md); skipped when the
    tree is the same as the standing manifest's.
@@ -44,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import math
-import mmap
 import time
 from collections import Counter
 
@@ -52,11 +55,14 @@ import trio
 
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
-from .client import DEVICE, OTHER, NoSuchUpload, S3Error, Target
-from .manifest import (BadManifest, OBJECTS, Manifest, collectable, content_key, manifest_generation,
+from .client import DEVICE, OTHER, NoSuchUpload, S3Error
+from .manifest import (BadManifest, OBJECTS, Manifest, S3Url, collectable, content_key, manifest_generation,
                        manifest_name, unreferenced)
+from .partmem import Part, PartMemory
+from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, restoring, same_tree, take
 from .source import read_part
+from .uploader_proc import Uploader
 
 log = logging.getLogger("ckptfs.replicate")
 
@@ -77,31 +83,6 @@ def part_size(size: int, chunk_size: int, base: int = PART_SIZE) -> int:
     return -(-part // chunk_size) * chunk_size
 
 
-class _Body:
-    """A read-only file object over a memoryview, for boto3 (no copy of the part)."""
-
-    def __init__(self, view: memoryview):
-        self.view = view
-        self.pos = 0
-
-    def __len__(self) -> int:
-        return len(self.view)
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
-        out = self.view[self.pos:end]
-        self.pos = end
-        return out
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]
-        self.pos = max(0, min(len(self.view), base + pos))
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-
 class _Throttle:
     """A token bucket over bytes: `await take(n)` returns once `n` more bytes fit under `rate`/s."""
 
@@ -119,20 +100,18 @@ class _Throttle:
 
 
 class Replicator:
-    def __init__(self, store, target: Target, *, rate: float | None = None, keep: int = DEFAULT_KEEP,
-                 memory: int = DEFAULT_MEMORY, part: int = PART_SIZE, connections: int = CONNECTIONS):
+    def __init__(self, store, url: S3Url, endpoint: str | None = None, *, rate: float | None = None,
+                 keep: int = DEFAULT_KEEP, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
+                 connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY):
         self.store = store
-        self.target = target
         self.keep = max(1, keep)
         self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
         self.memory = max(memory, self.part)
+        self.parts = PartMemory(self.memory)  # the part buffers, shared with the uploader process
+        self.target = Uploader(url, endpoint, self.parts, connections=connections, priority=priority)
         self.throttle = _Throttle(rate)
         self.rate = rate
         self.s3_limiter = trio.CapacityLimiter(connections)
-        self.free: list[memoryview] = []  # part buffers of the usual size, kept for the next parts
-        self.held = 0  # bytes of part buffers in use or kept (at most `memory`, but for one huge part)
-        self.in_use = 0
-        self.buffer_lot = trio.lowlevel.ParkingLot()
         self.changed = trio.Event()  # the durable state changed since the last snapshot
         self.progress = trio.lowlevel.ParkingLot()  # a manifest stood, or an error came or went
         self.started = False  # the prefix was listed and the newest manifests read
@@ -203,7 +182,7 @@ class Replicator:
             "read_from_arena": self.read_from["arena"], "read_from_devices": self.read_from["device"],
             "errors": dict(self.errors), "errors_total": sum(self.errors.values()),
             "failing": None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing)},
-            "last_error": self.last_error,
+            "last_error": self.last_error, "uploader": self.target.statistics(),
         }
 
     # ---- waiting -------------------------------------------------------------------
@@ -219,12 +198,17 @@ class Replicator:
 
     # ---- the service ------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await self._guarded(self._start)
-        while True:
-            await self._guarded(self._cycle)
-            await self.changed.wait()
-            await trio.sleep(SETTLE)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.target.run)  # the uploader process's tasks
+                task_status.started()
+                await self._guarded(self._start)
+                while True:
+                    await self._guarded(self._cycle)
+                    await self.changed.wait()
+                    await trio.sleep(SETTLE)
+        finally:
+            self.parts.close()
 
     async def _guarded(self, step) -> None:
         """Run `step` until it completes; a bug is logged and retried, never takes the daemon down."""
@@ -270,9 +254,8 @@ class Replicator:
             self._stand(newest, seq=-1)
             self.last_manifest_time = newest.time_ns / 1e9
         try:
-            stale = await trio.to_thread.run_sync(self.target.list_uploads, OBJECTS, abandon_on_cancel=True)
-            for key, upload_id in stale:
-                await trio.to_thread.run_sync(self.target.abort_upload, key, upload_id, abandon_on_cancel=True)
+            for key, upload_id in await self.target.list_uploads(OBJECTS):
+                await self.target.abort_upload(key, upload_id)
         except S3Error as e:  # not every store lists uploads; they expire or are collected anyway
             log.info("replicate.stale_uploads_kept", extra={"fields": {"error": str(e)}})
         self.started = True
@@ -360,28 +343,28 @@ class Replicator:
         self.objects_uploaded += 1
 
     async def _put_small(self, v: Version, size: int) -> None:
-        buf = await self._buffer(size)
+        buf = await self.parts.take(size)
         try:
             n = await self._read(v, 0, buf)
             await self.throttle.take(n)
-            await self._s3(self.target.put, v.key, _Body(buf[:n]))
+            await self._s3(self.target.put, v.key, buf.body(n))
             self.bytes_uploaded += n
         finally:
-            self._give_back(buf)
+            self.parts.give_back(buf)
 
     async def _put_multipart(self, v: Version, nparts: int, size: int) -> None:
         upload_id = await self._s3(self.target.create_upload, v.key)
         etags: list[str | None] = [None] * nparts
 
         async def part(i: int) -> None:
-            buf = await self._buffer(size)
+            buf = await self.parts.take(size)
             try:
                 n = await self._read(v, i * size, buf)
                 await self.throttle.take(n)
-                etags[i] = await self._s3(self.target.upload_part, v.key, upload_id, i + 1, _Body(buf[:n]))
+                etags[i] = await self._s3(self.target.upload_part, v.key, upload_id, i + 1, buf.body(n))
                 self.bytes_uploaded += n
             finally:
-                self._give_back(buf)
+                self.parts.give_back(buf)
 
         try:
             async with trio.open_nursery() as nursery:
@@ -391,54 +374,31 @@ class Replicator:
         except BaseException:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:  # best effort: leave no parts behind (a later start aborts what is left)
-                    await trio.to_thread.run_sync(self.target.abort_upload, self.target.key(v.key), upload_id,
-                                                  abandon_on_cancel=True)
+                    await self.target.abort_upload(self.target.key(v.key), upload_id)
                 except S3Error:
                     pass
             raise
 
-    async def _read(self, v: Version, offset: int, buf: memoryview) -> int:
+    async def _read(self, v: Version, offset: int, buf: Part) -> int:
         """Read a part, retrying device errors with the same backoff as the store's calls."""
         delay = BACKOFF_MIN
         while True:
             try:
-                return await read_part(self.store, v, offset, buf, self.read_from)
+                return await read_part(self.store, v, offset, buf.view, self.read_from)
             except FsError as e:
                 self._failed(S3Error(DEVICE, f"reading inode {v.ino} for upload: {e}"))
                 await trio.sleep(delay)
                 delay = min(2 * delay, BACKOFF_MAX)
 
-    async def _buffer(self, size: int) -> memoryview:
-        """A page-aligned part buffer of `size` bytes, once the memory budget has room for it (a
-        part larger than the whole budget waits until nothing else is in flight)."""
-        while True:
-            if size == self.part and self.free:
-                self.in_use += size
-                return self.free.pop()
-            if self.in_use + size <= self.memory or self.in_use == 0:
-                while self.free and self.held + size > self.memory:
-                    self.free.pop()  # unmapped once unreferenced
-                    self.held -= self.part
-                self.held += size
-                self.in_use += size
-                return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-            await self.buffer_lot.park()
-
-    def _give_back(self, buf: memoryview) -> None:
-        self.in_use -= len(buf)
-        if len(buf) == self.part and self.held <= self.memory:
-            self.free.append(buf)
-        else:
-            self.held -= len(buf)
-        self.buffer_lot.unpark_all()
-
     # ---- calls and their failures ------------------------------------------------------------
     async def _s3(self, fn, *args):
-        """`fn(*args)` in a worker thread; a failure is reported, then retried with backoff (forever)."""
+        """`await fn(*args)` (a call of the uploader process), at most `connections` at once; a failure is
+        reported, then retried with backoff (forever)."""
         delay = BACKOFF_MIN
         while True:
             try:
-                result = await trio.to_thread.run_sync(fn, *args, limiter=self.s3_limiter, abandon_on_cancel=True)
+                async with self.s3_limiter:
+                    result = await fn(*args)
             except NoSuchUpload:
                 raise
             except S3Error as e:
