@@ -152,17 +152,11 @@ def s3_target(scratch: Path, idle: bool, server: dict, rate: str | None = None, 
         yield ("--replicate", "s3://training/node-0", "--s3-endpoint", srv.endpoint,
                *(("--replicate-rate", rate) if rate else ()), *(("--replicate-priority", priority) if priority else ()))
     finally:
-        server["cpu_s"] = process_cpu(srv.proc.pid)
+        server["cpu_s"] = proc_cpu_seconds(srv.proc.pid)
         srv.stop()
 
 
 CKPTFS_CMD = (sys.executable, "-m", "ckptfs")
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def replication_totals(mp: Path) -> dict:
