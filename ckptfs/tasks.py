@@ -143,6 +143,13 @@ class LoopLock(trio.abc.Instrument):
             else:
                 self._token.run_sync_soon(self._run_pending)
 
+    def unpark(self, lot: trio.lowlevel.ParkingLot, *, every: bool = True) -> None:
+        """Wake the tasks parked in `lot` (`every`) or the first, through `soon`; nothing when none
+        is parked: a task that is not parked looks again before it parks (it checks and parks in
+        one step), and a wake-up of the trio thread for nobody costs a scheduler pass."""
+        if lot:
+            self.soon(lot.unpark_all if every else lot.unpark)
+
     def defer(self) -> None:
         """From now on this thread's `soon` calls wake the trio thread at its next `kick()`."""
         self._tls.defer = True

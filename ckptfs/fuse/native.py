@@ -101,11 +101,10 @@ class TrioHandler:
         self.adopted = 0  # WRITE pieces (chunks) whose lent slot became the chunk's memory (no copy)
         self.copied = 0  # WRITE pieces copied into their chunks (not one whole chunk, or no slot lent)
         # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
-        # its start, so they all end r bytes past a chunk boundary. Once two full requests in a row
-        # did (the same r), the next reads shift their run by r (first buffer slot[r:]), so the pieces
-        # after the first are whole chunks on the grid again, adopted. GUARDED_BY: the loop lock.
+        # its start, so they all end r bytes past a chunk boundary. Once a full request did, the next
+        # reads shift their run by r (first buffer slot[r:]), so the pieces after the first are whole
+        # chunks on the grid again, adopted. GUARDED_BY: the loop lock.
         self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
-        self._end, self._streak = 0, 0  # r of the last full request, and how many in a row
         self.shifted = 0  # WRITEs read into a shifted run
 
     def __getattr__(self, name: str):
@@ -199,12 +198,7 @@ class TrioHandler:
         """Under the lock: the shift for the next reads, from where this full request ended."""
         if self.session is None or self.session.negotiated is None or req.size != self.session.negotiated.max_write:
             return  # a write()'s last request, or a small write: says nothing of the next
-        end = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
-        if end == self._end:
-            self._streak += 1
-        else:
-            self._end, self._streak = end, 1
-        self.shift = end if self._streak >= 1 else 0
+        self.shift = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
 
     def _count(self, pieces: int, adopted: int) -> None:
         """Under the lock: how a WRITE's pieces went in."""

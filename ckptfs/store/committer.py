@@ -76,13 +76,11 @@ class Committer:
         """Records were added or became ready: look for a batch again. Only a parked committer
         needs waking (a busy one takes the next batch when its commit returns): a wake-up of
         the trio thread per metadata operation cost more than the commit itself."""
-        if self.lot:
-            self.host.loop.soon(self.lot.unpark_all)
+        self.host.loop.unpark(self.lot)
 
     def hurry(self) -> None:
         """Someone now waits for a commit: end a linger."""
-        if self.lingering:
-            self.host.loop.soon(self.lingering.unpark_all)
+        self.host.loop.unpark(self.lingering)
 
     async def run(self) -> None:
         h = self.host

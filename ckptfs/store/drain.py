@@ -5,9 +5,10 @@ chunks move. Each device has `queue_depth` worker tasks taking chunks from
 its queue. A worker takes a few queued chunks at once, gives each a data unit
 (consecutive units where it can), and writes each run of consecutive units
 with one `pwritev`, all the batch's runs in one worker-thread job, the
-checksums computed there too, so the trio thread only does bookkeeping (and zeroes each chunk's tail up to 4
-KiB before the write starts: a write may extend the chunk in place
-meanwhile, from the trio thread or a FUSE worker holding the loop lock).
+checksums computed there too, so the trio thread only does bookkeeping (and
+zeroes each chunk's tail up to 4 KiB before the write starts: a write may
+extend the chunk in place meanwhile, from the trio thread or a FUSE worker
+holding the loop lock).
 Wake-ups that may come from such a worker (a queued chunk, the gate, the
 ticker, read-ahead) go through the store's `loop.soon`; writes note
 themselves with `time.monotonic()` for the gate. When the write
@@ -111,8 +112,7 @@ class Drainer:
         # parked worker needs it: one busy or held at the gate looks at the queue when it comes
         # back (while a save streams in, a wake-up per chunk cost the trio thread more than the chunk)
         if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
-            if self.work[dev]:
-                self.host.loop.soon(self.work[dev].unpark)
+            self.host.loop.unpark(self.work[dev], every=False)
         elif not self.tick.is_set():
             self.host.loop.soon(self._set_tick)
 

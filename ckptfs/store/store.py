@@ -296,8 +296,7 @@ class Store:
     def wake(self) -> None:
         """Something moved (a drain, a commit, a free): waiters look again, the committer too
         (each only if parked: waiters check and park in one step of the trio thread)."""
-        if self.progress:
-            self.loop.soon(self.progress.unpark_all)
+        self.loop.unpark(self.progress)
         self.committer.wake()
 
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None:
