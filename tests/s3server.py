@@ -7,7 +7,8 @@
                                               # (start() returns once objects read back)
     srv.stop()
 
-`weed mini` runs master, volume, filer and S3 in one process; the data stays in
+`weed mini` runs master, volume, filer and S3 in one process (enough volumes for a bucket per
+test, whatever the free disk space); the data stays in
 `root/data` across restarts. The fixture `s3` in conftest.py starts one per test
 session (startup takes seconds); tests use their own bucket or prefix.
 """
@@ -29,6 +30,10 @@ PROBE_BUCKET = "ckptfs-probe"  # start() reads an object from here: the server r
 ACCESS_KEY = "ckptfs-test"
 SECRET_KEY = "ckptfs-secret-key"
 REGION = "us-east-1"
+# Every bucket is a SeaweedFS collection with volumes of its own; left at 0, `weed` allows free
+# disk / 1 GiB of them, and a test session on a machine with 24 GiB free ran out after 24 buckets
+# ("No writable volumes"). Volumes are not preallocated: a high count costs nothing.
+MAX_VOLUMES = 1000
 
 
 def weed_binary() -> str | None:
@@ -79,6 +84,7 @@ class S3Server:
                f"-s3.config={config}", f"-s3.port={p['s3']}", f"-master.port={p['master']}",
                f"-filer.port={p['filer']}", f"-volume.port={p['volume']}", "-s3.port.iceberg=0",
                "-s3.port.lance=0", "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
+               f"-volume.max={MAX_VOLUMES}",
                f"-admin.port={_free_port_pair()}"]
         self.log = open(self.root / "weed.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root,
