@@ -80,10 +80,14 @@ def training_md(d: dict) -> str:
     c = d["config"]
     rows = []
     for name, r in d["rows"].items():
+        uploading = r.get("system") in ("ckptfs_s3", "boto3_s3")
+        sent = r.get("uploaded_bytes_per_run")
         cpu = [fs(r.get("trainer_cpu_s"), 1e3, 0), fs(r.get("daemon_cpu_s"), 1e3, 0),
-               fs(r.get("uploader_cpu_s"), 1e3, 0) if r.get("system") == "ckptfs_s3" else "–"]
+               fs(r.get("uploader_cpu_s"), 1e3, 0) if uploading else "–",
+               fs(r.get("s3_server_cpu_s"), 1e3, 0) if uploading and r.get("s3_server_cpu_s") else "–",
+               f"{sorted(sent)[len(sent) // 2] / 2**20:.0f}" if sent else "–"]
         if name == "none":
-            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu, "–"])
+            rows.append([r["label"], "–", fs(r["step_s"], 1e3, 0), "–", "–", "–", *cpu[:3], "–", "–", "–"])
             continue
         ratio = d["ratios"].get(f"overhead_{r['system']}_over_shm@{r['every']}")
         age = r.get("durable_age_s")
@@ -93,18 +97,20 @@ def training_md(d: dict) -> str:
     s3 = d.get("s3_server")
     s3_text = "" if not s3 else (
         f" The replicating mount uploads to SeaweedFS on this machine at {s3['priority']} CPU priority (it "
-        f"stands in for a remote store; {s3.get('cpu_s') or 0:.0f} CPU s over the run, counted in no column), "
+        f"stands in for a remote store; {s3.get('cpu_s') or 0:.0f} CPU s over the run: the S3 server column), "
         f"--replicate-rate {s3.get('replicate_rate') or 'uncapped'}, its uploader process at "
         f"{s3.get('replicate_priority') or 'normal (in the daemon)'} priority.")
     return (f"Checkpoint {c['checkpoint_bytes'] / 2**20:.0f} MiB (model + Adam state), batch {c['batch_size']}, "
             f"{c['torch_threads']} torch threads; median of {c['repeats']} rounds (min–max). CPU columns: "
             f"CPU time per step of the training process, of the ckptfs daemon and of its uploader process "
-            f"(--replicate: the object-store calls), during the measured steps. "
+            f"(--replicate: the object-store calls; for the by-hand boto3 uploads, that process), and of the "
+            f"local S3 server, during the measured steps; MiB uploaded per run (median). "
             f"Durability lag: the age of the newest checkpoint a crash would keep, sampled before each save "
             f"(median / max).{s3_text}\n\n" +
             table(["system", "every (steps)", "step (ms)", "overhead (ms)", "overhead (%)",
                    "overhead / /dev/shm's", "trainer CPU (ms/step)", "ckptfs daemon CPU (ms/step)",
-                   "uploader CPU (ms/step)", "durability lag (s)"], rows))
+                   "uploader CPU (ms/step)", "S3 server CPU (ms/step)", "uploaded (MiB/run)",
+                   "durability lag (s)"], rows))
 
 
 def restore_md(d: dict) -> str:

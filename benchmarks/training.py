@@ -17,7 +17,11 @@ step time. Configurations, rotated every round:
                staging before the next optimizer.step() touches the weights;
   ckptfs_s3    (with --replicate) torch.save to a second mount that also replicates to a
                real S3 server on this machine (SeaweedFS, tests/s3server.py): what
-               replication costs the trainer, next to `ckptfs` (issue 13: within noise).
+               replication costs the trainer, next to `ckptfs` (issue 13: within noise);
+  boto3_s3     (with --replicate) the same replication by hand: torch.save to the plain
+               mount, then a background process (handmade_upload.py, at the same CPU
+               priority as ckptfs's uploader) uploads the newest saved file with boto3
+               to the same server: what moving the same bytes costs without ckptfs.
 
 Overhead = mean step time - the same round's baseline; ratios to the /dev/shm
 floor are taken round by round. Target: with a checkpoint every step, the
@@ -57,16 +61,20 @@ from train import batch, build_model  # noqa: E402 - the example's own model and
 SYSTEMS = ["shm", "ckptfs", "ext4_fsync", "dcp_async"]
 LABELS = {"none": "no checkpoint", "shm": "torch.save → /dev/shm", "ckptfs": "torch.save → ckptfs",
           "ext4_fsync": "torch.save → ext4 + fsync", "dcp_async": "dcp.async_save → ext4",
-          "ckptfs_s3": "torch.save → ckptfs --replicate s3://"}
-CKPTFS = ("ckptfs", "ckptfs_s3")  # the systems that are ckptfs mounts
+          "ckptfs_s3": "torch.save → ckptfs --replicate s3://",
+          "boto3_s3": "torch.save → ckptfs, boto3 upload by hand"}
+CKPTFS = ("ckptfs", "ckptfs_s3", "boto3_s3")  # the systems that save into a ckptfs mount
+REPLICATING = ("ckptfs_s3", "boto3_s3")  # added by --replicate
 
 
 class Saver:
     """How one system saves from inside the loop. `before_update` runs just before
     optimizer.step(); `finish` after the measured steps (not timed)."""
 
-    def __init__(self, kind: str, dirs: dict[str, Path]):
+    def __init__(self, kind: str, dirs: dict[str, Path], handmade=None):
         self.kind = kind
+        self.handmade = handmade  # boto3_s3: the Popen of handmade_upload.py
+        self.handmade_bytes = 0  # what it had uploaded at the last finish()
         self.dir = dirs.get(kind)
         self.stager = None
         self.pending = None  # DCP: the last AsyncSaveResponse
@@ -101,6 +109,9 @@ class Saver:
     def _save(self, state: dict) -> None:
         if self.kind in ("shm", *CKPTFS):
             torch.save(state, self.dir / "ckpt.pt")
+            if self.handmade is not None:
+                self.handmade.stdin.write(f"{self.dir / 'ckpt.pt'}\n")
+                self.handmade.stdin.flush()
         elif self.kind == "ext4_fsync":
             torch.save(state, self.dir / "ckpt.pt")
             fsync_path(self.dir / "ckpt.pt")
@@ -120,6 +131,13 @@ class Saver:
             self.pending.staging_completion.result()
 
     def finish(self) -> None:
+        if self.handmade is not None:  # its uploads must not run into the next configuration
+            self.handmade.stdin.write("sync\n")
+            self.handmade.stdin.flush()
+            reply = self.handmade.stdout.readline().split()
+            if not reply or reply[0] != "done":
+                raise SystemExit(f"training: handmade_upload.py failed (exit {self.handmade.wait()})")
+            self.handmade_bytes = int(reply[1])
         if self.control is not None:
             self.control.close()
             self.control = None
@@ -129,6 +147,23 @@ class Saver:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
+
+
+@contextlib.contextmanager
+def handmade_uploader(endpoint: str, priority: str | None):
+    """handmade_upload.py running against `endpoint` (bucket `training`, prefix `handmade`)."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("handmade_upload.py")), endpoint,
+                             "training", "handmade", priority or DEFAULT_PRIORITY],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -166,10 +201,17 @@ def replication_totals(mp: Path) -> dict:
 
 
 def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, steps: int,
-        batch_size: int, width: int, step0: int, daemon_pid: int) -> tuple[float, float, float, float]:
+        batch_size: int, width: int, step0: int, daemon_pid: int,
+        server_pid: int | None) -> tuple[float, float, float, float, float]:
     """Per measured step (saves included): wall seconds, this process's CPU seconds, the ckptfs
-    daemon's CPU seconds, its uploader process's (--replicate; the object-store calls). The saver
-    keeps the durability ages it sampled."""
+    daemon's CPU seconds, its uploader process's (--replicate; the object-store calls; for
+    boto3_s3, handmade_upload.py's), the local S3 server's. The saver keeps the durability ages
+    it sampled."""
+    def uploader_cpu() -> float:
+        if saver is not None and saver.handmade is not None:
+            return proc_cpu_seconds(saver.handmade.pid)
+        return children_cpu_seconds(daemon_pid)
+
     def one(i: int) -> None:
         x, y = batch(step0 + i, batch_size, width)
         loss = nn.functional.mse_loss(model(x), y)
@@ -184,14 +226,16 @@ def run(model: nn.Module, optim, saver: Saver | None, every: int, warmup: int, s
     for i in range(warmup):
         one(i - warmup)
     t0, c0, d0 = time.perf_counter(), os.times(), proc_cpu_seconds(daemon_pid)
-    u0 = children_cpu_seconds(daemon_pid)
+    u0, s0 = uploader_cpu(), proc_cpu_seconds(server_pid) if server_pid else 0.0
     for i in range(steps):
         one(i)
     dt = (time.perf_counter() - t0) / steps
-    c1, d1, u1 = os.times(), proc_cpu_seconds(daemon_pid), children_cpu_seconds(daemon_pid)
+    c1, d1, u1 = os.times(), proc_cpu_seconds(daemon_pid), uploader_cpu()
+    s1 = proc_cpu_seconds(server_pid) if server_pid else 0.0
     if saver is not None:
         saver.finish()
-    return dt, (c1.user + c1.system - c0.user - c0.system) / steps, (d1 - d0) / steps, (u1 - u0) / steps
+    return (dt, (c1.user + c1.system - c0.user - c0.system) / steps, (d1 - d0) / steps, (u1 - u0) / steps,
+            (s1 - s0) / steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", default="3G")
     ap.add_argument("--max-lag", default=None, help="ckptfs --max-lag (default: ckptfs's own)")
     ap.add_argument("--replicate", action="store_true",
-                    help="add ckptfs_s3: a second mount replicating to a local S3 server (SeaweedFS)")
+                    help="add ckptfs_s3 (a second mount replicating to a local S3 server, SeaweedFS) "
+                         "and boto3_s3 (the plain mount, uploads by hand to the same server)")
     ap.add_argument("--replicate-rate", default=None, metavar="BYTES/S",
                     help="ckptfs --replicate-rate for ckptfs_s3 (default: no cap)")
     ap.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
-                    help="ckptfs --replicate-priority for ckptfs_s3: its uploader process (default: ckptfs's own)")
+                    help="ckptfs --replicate-priority for ckptfs_s3: its uploader process, and "
+                         "the priority of boto3_s3's (default: ckptfs's own)")
     ap.add_argument("--s3-priority", choices=("idle", "normal"), default="idle",
                     help="CPU priority of the local S3 server (default idle: it stands in for a remote store "
                          "and must not take the trainer's CPU on a small machine; its CPU is reported apart)")
@@ -219,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
     everies = [int(x) for x in args.every.split(",")]
-    systems = [s for s in args.systems.split(",") if s] + (["ckptfs_s3"] if args.replicate else [])
+    systems = [s for s in args.systems.split(",") if s] + (list(REPLICATING) if args.replicate else [])
 
     def steps_for(every: int) -> int:  # every-10 runs 20 steps: two saves, each followed by 9 steps
         return max(args.steps, 2 * every)
@@ -234,14 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(ext4, ignore_errors=True)
     ext4.mkdir()
     devices = file_devices(scratch / "devices", 2, 8 * GiB)
+    if "boto3_s3" in systems and "ckptfs_s3" not in systems:
+        ap.error("boto3_s3 comes with --replicate (it uploads to the S3 server ckptfs_s3 starts)")
     devices_s3 = file_devices(scratch / "devices-s3", 2, 8 * GiB) if "ckptfs_s3" in systems else []
     configs = [("none", 0)] + [(s, e) for s in systems for e in everies]
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
-    cpus: dict[tuple[str, int], list[tuple[float, float, float]]] = {c: [] for c in configs}
+    cpus: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {c: [] for c in configs}
     ages: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     step = 0
     ckpt_bytes = 0
     server: dict = {}  # the S3 server's pid, then its CPU seconds over the run
+    uploaded: dict[tuple[str, int], list[int]] = {c: [] for c in configs}  # bytes per run (REPLICATING)
+    uploaded_before: dict[str, int] = {}  # each system's total after its previous run
     replication: dict = {}
     t_start = time.perf_counter()
     try:
@@ -252,36 +302,49 @@ def main(argv: list[str] | None = None) -> int:
                                               log_file=scratch / "daemon.log"))
             pids = {"ckptfs": pid}
             dirs = {"shm": shm, "ckptfs": scratch / "mnt", "ext4_fsync": ext4, "dcp_async": ext4,
-                    "ckptfs_s3": scratch / "mnt-s3"}
+                    "ckptfs_s3": scratch / "mnt-s3", "boto3_s3": scratch / "mnt"}
+            handmade = None
             if "ckptfs_s3" in systems:
+                target_opts = stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server,
+                                                            args.replicate_rate, args.replicate_priority))
                 pids["ckptfs_s3"] = stack.enter_context(mounted(
                     dirs["ckptfs_s3"], devices_s3, args.memory, log_file=scratch / "daemon-s3.log",
-                    extra=(*extra, *stack.enter_context(s3_target(scratch, args.s3_priority == "idle", server, args.replicate_rate,
-                                                           args.replicate_priority)))))
+                    extra=(*extra, *target_opts)))
+                handmade = stack.enter_context(handmade_uploader(
+                    target_opts[target_opts.index("--s3-endpoint") + 1], args.replicate_priority))
             # one unmeasured pass: first-touch of every buffer, the checkpoint's size
-            run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid)
+            run(model, optim, None, 1, 2, 1, args.batch_size, args.width, step, pid, None)
             torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}, shm / "probe.pt")
             ckpt_bytes = (shm / "probe.pt").stat().st_size
             (shm / "probe.pt").unlink()
             for rnd in range(args.repeats):
                 for kind, every in rotated(configs, rnd):
-                    saver = None if kind == "none" else Saver(kind, dirs)
+                    saver = None if kind == "none" else Saver(kind, dirs, handmade if kind == "boto3_s3" else None)
                     n = steps_for(every) if kind != "none" else args.steps
-                    dt, cpu, dcpu, ucpu = run(model, optim, saver, every or 1, args.warmup, n, args.batch_size,
-                                              args.width, step, pids.get(kind, pid))
+                    dt, cpu, dcpu, ucpu, scpu = run(model, optim, saver, every or 1, args.warmup, n,
+                                                    args.batch_size, args.width, step, pids.get(kind, pid),
+                                                    server.get("pid"))
                     step += args.warmup + n
                     times[(kind, every)].append(dt)
-                    cpus[(kind, every)].append((cpu, dcpu, ucpu))
+                    cpus[(kind, every)].append((cpu, dcpu, ucpu, scpu))
                     if saver is not None:
                         ages[(kind, every)] += saver.ages
                     print(f"round {rnd + 1} {kind:10s} every {every or '-':>2}: {dt * 1e3:.0f} ms/step "
                           f"(CPU per step: trainer {cpu * 1e3:.0f} ms, ckptfs daemon {dcpu * 1e3:.0f} ms, "
-                          f"uploader {ucpu * 1e3:.0f} ms)", flush=True)
-                    if kind in pids:
+                          f"uploader {ucpu * 1e3:.0f} ms" + (f", S3 server {scpu * 1e3:.0f} ms" if server else "")
+                          + ")", flush=True)
+                    if kind in CKPTFS:
                         sync_mount(dirs[kind])  # let the drain finish before the next run
                     if kind == "ckptfs_s3":  # and the upload: it must not run into the next configuration
                         subprocess.run([*CKPTFS_CMD, "wait", "--replicated", "--timeout", "300",
                                         str(dirs[kind] / "ckpt.pt")], check=False, capture_output=True)
+                    if kind in REPLICATING:  # bytes each run sent to the S3 server (both skip superseded saves)
+                        total = (replication_totals(dirs[kind]).get("bytes_uploaded", 0) if kind == "ckptfs_s3"
+                                 else saver.handmade_bytes)
+                        uploaded[(kind, every)].append(total - uploaded_before.get(kind, 0))
+                        uploaded_before[kind] = total
+                        print(f"  {kind} uploaded {uploaded[(kind, every)][-1] / 2**20:.0f} MiB in that run "
+                              f"({n} steps)", flush=True)
                     for d in (shm, ext4, *(dirs[k] for k in pids)):
                         clear_dir(d)
             if "ckptfs_s3" in pids:
@@ -293,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base = times[("none", 0)]
     def cpu_stats(c) -> dict:  # where the time goes: CPU per step of the trainer, the daemon, its uploader
-        return {"trainer_cpu_s": stats([x for x, _, _ in cpus[c]]), "daemon_cpu_s": stats([y for _, y, _ in cpus[c]]),
-                "uploader_cpu_s": stats([z for _, _, z in cpus[c]])}
+        return {key: stats([t[i] for t in cpus[c]]) for i, key in enumerate(
+            ("trainer_cpu_s", "daemon_cpu_s", "uploader_cpu_s", "s3_server_cpu_s"))}
     rows = {"none": {"label": LABELS["none"], "every": None, "step_s": stats(base)} | cpu_stats(("none", 0))}
     ratios = {}
     for kind in systems:
@@ -305,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "step_s": stats(t), "overhead_s": stats(over),
                                        "overhead_pct": stats([100 * o / b for o, b in zip(over, base)]),
                                        "durable_age_s": stats(ages[(kind, every)]) if ages[(kind, every)] else None,
+                                       "uploaded_bytes_per_run": uploaded[(kind, every)] or None,
                                        } | cpu_stats((kind, every))
     tgts = []
     for every in everies:
@@ -324,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                     "rounds_dropped": len(base) - len(pairs)}
     if "ckptfs" in systems and "ckptfs_s3" in systems:  # what replication costs the trainer
         for every in everies:
+            if "boto3_s3" in systems:  # against the same uploads made by hand
+                ratios[f"step_ckptfs_s3_over_boto3_s3@{every}"] = pairwise(times[("ckptfs_s3", every)],
+                                                                           times[("boto3_s3", every)])
+                ratios[f"step_boto3_s3_over_ckptfs@{every}"] = pairwise(times[("boto3_s3", every)],
+                                                                        times[("ckptfs", every)])
             r = ratios[f"step_ckptfs_s3_over_ckptfs@{every}"] = pairwise(times[("ckptfs_s3", every)],
                                                                          times[("ckptfs", every)])
             tgts.append(target(f"training, checkpoint every {every} step(s): step time with --replicate / without",
