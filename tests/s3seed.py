@@ -39,7 +39,7 @@ def _entry(root: Path, path: Path, chunk_size: int) -> tuple[Entry, bytes | None
     st = os.lstat(path)
     rel = "" if path == root else path.relative_to(root).as_posix()
     e = Entry(path=rel, mode=st.st_mode, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns, ino=st.st_ino,
-              xattrs=_xattrs(path))
+              xattrs=_xattrs(path), rdev=st.st_rdev if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else 0)
     data = None
     if stat.S_ISREG(st.st_mode):
         data = path.read_bytes()

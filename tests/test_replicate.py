@@ -96,6 +96,7 @@ def test_a_tree_replicates_bit_exact_and_old_states_are_collected(tmp_path, s3, 
         os.symlink("run/model.pt", root / "latest")
         os.setxattr(root / "top.txt", "user.note", b"kept")
         os.link(root / "top.txt", root / "run" / "hardlink.txt")
+        os.mknod(root / "run" / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
         with open(root / "sparse", "wb") as f:  # a hole, then a short chunk
             f.seek(3 * MiB + 7)
             f.write(b"tail")
@@ -117,6 +118,7 @@ def test_a_tree_replicates_bit_exact_and_old_states_are_collected(tmp_path, s3, 
         assert by["latest"].target == b"run/model.pt" and stat.S_ISLNK(by["latest"].mode)
         assert by["top.txt"].xattrs == {b"user.note": b"kept"} and by["top.txt"].ino == by["run/hardlink.txt"].ino
         assert stat.S_ISDIR(by["run/shards"].mode)
+        assert stat.S_ISCHR(by["run/null"].mode) and by["run/null"].rdev == os.makedev(1, 3)
 
         rep = replication(m)
         assert rep["bytes_uploaded"] >= sum(len(d) for d in files.values()) and rep["errors_total"] == 0

@@ -162,6 +162,8 @@ def _tree(root: Path) -> None:
     os.chmod(root / "a" / "b", 0o750)
     os.chown(root / "small.txt", 1234, 567)
     os.utime(root / "small.txt", ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
+    os.mknod(root / "a" / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))  # a device keeps its number
+    os.mkfifo(root / "a" / "pipe", 0o640)
 
 
 def _walk(root: Path) -> dict:
@@ -180,6 +182,8 @@ def _walk(root: Path) -> dict:
                 info["mtime_ns"] = st.st_mtime_ns
             elif stat.S_ISLNK(st.st_mode):
                 info["target"] = os.readlink(p)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                info["rdev"] = st.st_rdev
             if stat.S_ISDIR(st.st_mode):
                 del info["nlink"], info["size"]  # as each filesystem counts them
                 info["mtime_ns"] = st.st_mtime_ns

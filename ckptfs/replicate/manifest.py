@@ -107,6 +107,7 @@ class Entry:
     object: str = ""  # regular files: the content key
     crcs: list[int] = field(default_factory=list)  # regular files: CRC-32C of each chunk
     target: bytes = b""  # symlinks
+    rdev: int = 0  # character and block devices: the device number
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -116,6 +117,8 @@ class Entry:
             d.update(size=self.size, object=self.object, crcs=self.crcs)
         if stat.S_ISLNK(self.mode):
             d["target"] = _b64(self.target)
+        if self.rdev:
+            d["rdev"] = self.rdev
         if self.xattrs:
             d["xattrs"] = {_b64(k): _b64(v) for k, v in self.xattrs.items()}
         return d
@@ -124,7 +127,7 @@ class Entry:
     def from_json(cls, d: dict) -> Entry:
         return cls(path=d["path"], mode=d["mode"], uid=d["uid"], gid=d["gid"], mtime_ns=d["mtime_ns"],
                    ino=d.get("ino", 0), size=d.get("size", 0), object=d.get("object", ""),
-                   crcs=list(d.get("crcs", [])), target=_unb64(d.get("target", "")),
+                   crcs=list(d.get("crcs", [])), target=_unb64(d.get("target", "")), rdev=d.get("rdev", 0),
                    xattrs={_unb64(k): _unb64(v) for k, v in d.get("xattrs", {}).items()})
 
 

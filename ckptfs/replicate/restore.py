@@ -567,7 +567,7 @@ def build_tree(r: Restorer, manifest: Manifest) -> None:
         elif stat.S_ISLNK(e.mode):
             inode = fs.symlink(parent, name, e.target, e.uid, e.gid)
         else:
-            inode = fs.mknod(parent, name, e.mode, 0, e.uid, e.gid)
+            inode = fs.mknod(parent, name, e.mode, e.rdev, e.uid, e.gid)
         fs.forget(inode.ino, 1)  # no kernel lookup stands behind this one
         ino_of[path] = inode.ino
         _set_attrs(ns, inode, e)

@@ -88,7 +88,7 @@ def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int,
             inode = ns.inodes[ino]
             path = prefix + os.fsdecode(name)
             e = Entry(path=path, mode=inode.mode, uid=inode.uid, gid=inode.gid, mtime_ns=inode.mtime_ns,
-                      ino=ino, target=inode.target, xattrs=visible_xattrs(inode))
+                      ino=ino, target=inode.target, rdev=inode.rdev, xattrs=visible_xattrs(inode))
             if inode.is_reg:
                 v = by_ino.get(ino)
                 if v is None:
