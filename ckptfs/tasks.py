@@ -1,9 +1,12 @@
-"""Small trio helpers: `gather` for the store's tasks, `LoopLock` for threads that share the trio thread's state."""
+"""Small trio helpers: `gather` for the store's tasks, `in_threads` for blocking calls made at
+once, `LoopLock` for threads that share the trio thread's state."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
+import outcome
 import trio
 
 
@@ -22,6 +25,34 @@ async def gather(calls: list[tuple]) -> None:
             n.start_soon(one, *call)
     if errors:
         raise errors[0]
+
+
+async def in_threads(calls: list[tuple]) -> list[outcome.Outcome]:
+    """Run blocking `(fn, *args)` calls at once, each in a worker thread of trio's cache; the
+    outcome of each, in order. The task wakes once, when the last call returns: a
+    `trio.to_thread.run_sync` per call (in `gather`) costs the trio thread a task, a thread
+    hop and a scheduler pass per call. Like `to_thread.run_sync`, it cannot be cancelled
+    while the calls run (they are not abandoned)."""
+    if not calls:
+        return []
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    results: list = [None] * len(calls)
+    left = [len(calls)]
+    lock = threading.Lock()
+
+    def deliver(i: int, result: outcome.Outcome) -> None:  # in the worker thread
+        results[i] = result
+        with lock:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+
+    for i, (fn, *args) in enumerate(calls):
+        trio.lowlevel.start_thread_soon(functools.partial(fn, *args), functools.partial(deliver, i))
+    await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+    return results
 
 
 HANDOFF_MAX_S = 0.005  # the longest the trio thread lets queued threads go first, per scheduler pass
