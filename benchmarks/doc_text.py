@@ -176,9 +176,9 @@ what costs the trainer here: beside two processes spinning or hashing on both
 cores at SCHED_IDLE or nice 19, the bare training step took 10-20% longer,
 not 2.5 times; nor is the S3 server's disk (with its data on tmpfs: 2.72 and
 1.99 before, 2.76 and 1.62 after). What costs the trainer is the S3 server
-itself, on the same two cores: SeaweedFS spends 14-17 CPU s per GiB it stores
-(64 parallel 8 MiB `upload_part` calls, whatever the client's signing and
-checksum settings), about 2.4 CPU s per checkpoint; at idle priority it still
+itself, on the same two cores: SeaweedFS spends 12-17 CPU s per GiB it stores
+(`python benchmarks/s3cost.py`: 512 MiB in 8 MiB parts, 10 at once, whatever
+the client's signing and checksum settings), about 2.4 CPU s per checkpoint; at idle priority it still
 runs whenever the trainer's threads wait for each other, and shares their
 caches and memory bandwidth (the S3 server column: {_num(s3_server, ".3f")} s per step with a
 checkpoint every step; the trainer's own CPU per step rises to {_num(s3_trainer, ".3f")} s against
