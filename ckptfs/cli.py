@@ -148,6 +148,7 @@ def _check_restore(args) -> None:
                          f"({manifest.chunk_size} bytes): a restore uses the manifest's (leave --chunk-size out)")
     args.chunk_size = chunk
     args.restore_generation = manifest.generation
+    args.restore_pool = manifest.pool  # the pool this one will continue (replicate/lineage.py)
 
 
 def _spawn_daemon(args, mp: str) -> int:
@@ -178,6 +179,8 @@ def _spawn_daemon(args, mp: str) -> int:
             cmd += ["--replicate-rate", args.replicate_rate]
         if args.replicate_priority:
             cmd += ["--replicate-priority", args.replicate_priority]
+        if args.replicate_takeover:
+            cmd.append("--replicate-takeover")
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 pass_fds=(w,), start_new_session=True)
@@ -363,7 +366,8 @@ def _replication(args) -> dict:
 
     if not args.replicate:
         for given, option in ((args.replicate_rate, "--replicate-rate"),
-                              (args.replicate_priority, "--replicate-priority")):
+                              (args.replicate_priority, "--replicate-priority"),
+                              (args.replicate_takeover, "--replicate-takeover")):
             if given:
                 raise UsageError(f"{option} needs --replicate s3://BUCKET/PREFIX")
         return {}
@@ -380,14 +384,26 @@ def _replication(args) -> dict:
         raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
                          f"({part_size(0, chunk) >> 20}M)")
     if not args.no_replicate_check:
+        from .replicate import lineage
         from .replicate.client import S3Error, Target
+        from .replicate.manifest import BadManifest
         target = Target(url, args.s3_endpoint, attempts=1)
         try:
             target.check()
+            newest = target.newest() if args.format else None
         except S3Error as e:
             raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
+        except BadManifest:
+            newest = None  # whose it is cannot be told: the replicator stops there (lineage.py)
+        # a pool about to be formatted continues nobody but the pool it restores: refused before
+        # the devices are touched (an existing pool's lineage is the daemon's to check)
+        restored = frozenset({args.restore_pool}) if getattr(args, "restore_pool", None) else frozenset()
+        why = lineage.refusal(newest, "", restored, args.replicate_takeover, str(url))
+        if why is not None:
+            raise UsageError(f"cannot replicate: {why}")
     return {"replicate": str(url), "replicate_rate": rate, "replicate_keep": args.replicate_keep,
-            "replicate_memory": memory, "replicate_priority": args.replicate_priority or DEFAULT_PRIORITY}
+            "replicate_memory": memory, "replicate_priority": args.replicate_priority or DEFAULT_PRIORITY,
+            "replicate_takeover": args.replicate_takeover}
 
 
 def _port(text: str) -> int:
@@ -481,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
                    help="CPU priority of the process that hashes and sends the uploads: idle (SCHED_IDLE: only "
                         "CPU nothing else wants), low (nice 19) or normal (default idle)")
+    m.add_argument("--replicate-takeover", action="store_true",
+                   help="replicate even where the prefix holds another pool's checkpoints (that pool is gone "
+                        "for good: its states are deleted once --replicate-keep newer ones stand); without it "
+                        "such a mount is refused")
     m.add_argument("--no-replicate-check", action="store_true", help=argparse.SUPPRESS)
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)

@@ -40,9 +40,9 @@ from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
-from .replicate import restore
-from .replicate.client import Target
-from .replicate.manifest import parse_url
+from .replicate import lineage, restore
+from .replicate.client import S3Error, Target
+from .replicate.manifest import BadManifest, parse_url
 from .replicate.plan import Source
 from .replicate.replicator import Replicator
 from .replicate.restore import Restorer, SourceError, load_manifest
@@ -84,6 +84,7 @@ class MountConfig:
     replicate_memory: int = 256 << 20  # bytes of part buffers in flight
     replicate_priority: str = DEFAULT_PRIORITY  # CPU priority of the uploader process (replicate/uploader.py)
     replicate_finish: float = 30.0  # seconds an unmount waits for the last state to be replicated
+    replicate_takeover: bool = False  # may replicate to a prefix another pool wrote (replicate/lineage.py)
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -167,7 +168,7 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     if cfg.replicate:
         replicator = Replicator(store, parse_url(cfg.replicate), cfg.s3_endpoint, rate=cfg.replicate_rate,
                                 keep=cfg.replicate_keep, memory=cfg.replicate_memory,
-                                priority=cfg.replicate_priority)
+                                priority=cfg.replicate_priority, takeover=cfg.replicate_takeover)
         store.on_commit.append(replicator.notify)
 
     def state(ino: int) -> bytes | None:
@@ -183,6 +184,10 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
               b"user.ckptfs.state": state, **(extra_xattrs or {})}
     try:
         restorer = _restorer(cfg, fs, store)
+        if replicator is not None:
+            if restorer is not None and restorer.pending is not None:  # its tree (and lineage) comes at mount
+                replicator.ancestors = frozenset({restorer.pending.pool})
+            _check_prefix(cfg, replicator)
     except BaseException:
         store.close()
         raise
@@ -215,6 +220,25 @@ def _restorer(cfg: MountConfig, fs: Filesystem, store: Store) -> Restorer | None
         return restore.fresh(fs, store, manifest, source, **kw)
     except (ValueError, SourceError) as e:
         raise UsageError(f"cannot restore from {cfg.restore_from}: {e}", 2) from None
+
+
+def _check_prefix(cfg: MountConfig, replicator: Replicator) -> None:
+    """Refuse (one line) to replicate to a prefix whose newest manifest another pool wrote
+    (replicate/lineage.py). A store that cannot be asked now is no refusal: the replicator asks
+    again when it starts, and stops there if it must."""
+    target = Target(parse_url(cfg.replicate), cfg.s3_endpoint, attempts=1, connect_timeout=3)
+    try:
+        newest = target.newest()
+    except (S3Error, BadManifest) as e:
+        log.warning("replicate.prefix_unchecked", extra={"fields": {"target": str(target), "error": str(e)}})
+        return
+    why = lineage.refusal(newest, replicator.pool, replicator.lineage(), cfg.replicate_takeover, str(target.url))
+    if why is not None:
+        raise UsageError(f"cannot replicate: {why}", 2)
+    if newest is not None and newest.pool != replicator.pool:
+        log.info("replicate.continues", extra={"fields": {"target": str(target), "pool": newest.pool,
+                                                          "generation": newest.generation,
+                                                          "takeover": cfg.replicate_takeover}})
 
 
 def _log_recovery(rec) -> None:

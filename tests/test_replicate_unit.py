@@ -171,3 +171,40 @@ def test_every_failure_of_the_store_becomes_one_line_with_its_cause():
         assert "\n" not in line
     gone = classify(client_error("NoSuchUpload", 404, "UploadPart"), "upload part 1 of s3://b/p/x")
     assert isinstance(gone, NoSuchUpload) and classify(gone) is gone
+
+
+def _manifest(pool: str, gen: int = 7) -> Manifest:
+    return Manifest(generation=gen, pool=pool, journal_seq=1, time_ns=1_700_000_000 * 10**9, chunk_size=CHUNK,
+                    entries=[])
+
+
+def test_one_writer_per_prefix_who_may_start_replicating_where():
+    from ckptfs.replicate import lineage
+    url = "s3://ckpt/node-3/"
+    ours, old, other = "aa" * 16, "bb" * 16, "cc" * 16
+    assert lineage.refusal(None, ours, frozenset(), False, url) is None  # an empty prefix
+    assert lineage.refusal(_manifest(ours), ours, frozenset(), False, url) is None  # a remount
+    assert lineage.refusal(_manifest(old), ours, frozenset({old}), False, url) is None  # restored from it
+    assert lineage.refusal(_manifest(other), ours, frozenset(), True, url) is None  # --replicate-takeover
+    why = lineage.refusal(_manifest(other), ours, frozenset({old}), False, url)
+    assert why is not None and "\n" not in why
+    for part in (url, other[:16], "manifest 7", "2023-11-14 22:13:20Z", "--replicate-takeover",
+                 f"--restore-from {url}"):
+        assert part in why, part
+    assert lineage.newer([1, 5, 9, 8], 8) == [9] and lineage.newer([3, 8], 8) == []
+    line = lineage.conflict(url, 9, _manifest(other, 9))
+    assert url in line and "manifest 9" in line and other[:16] in line and "\n" not in line
+    assert "unreadable" in lineage.conflict(url, 9, None)
+
+
+def test_lineage_lives_in_a_hidden_root_attribute_and_bad_values_read_as_none():
+    from ckptfs.fs.namespace import Namespace
+    from ckptfs.replicate import lineage
+    ns = Namespace()
+    assert lineage.of(ns) == frozenset() and lineage.of(None) == frozenset()
+    ns.setxattr(ROOT_INO, lineage.LINEAGE_XATTR, lineage.encode({"bb", "aa"}))
+    assert lineage.of(ns) == {"aa", "bb"}
+    assert lineage.LINEAGE_XATTR.startswith(b"ckptfs.")  # hidden: never listed, never in a manifest
+    for bad in (b"not json", b"{}", b'[1, "aa"]'):
+        ns.setxattr(ROOT_INO, lineage.LINEAGE_XATTR, bad)
+        assert lineage.of(ns) <= {"aa"}

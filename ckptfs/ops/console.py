@@ -89,7 +89,8 @@ def render(st: dict, limit: int = 20):
 
     pool = st["pool"]
     parts.append(Text(f"Pool: {len(pool['devices'])} device(s), {human_bytes(pool['used'])} used of "
-                      f"{human_bytes(pool['capacity'])} (rates over the last {st.get('interval', 0):.1f}s)"))
+                      f"{human_bytes(pool['capacity'])}, id {pool.get('pool_id', '?')[:16]} "
+                      f"(rates over the last {st.get('interval', 0):.1f}s)"))
     dev = Table(box=None, pad_edge=False, show_edge=False)
     for col, just in (("#", "right"), ("device", "left"), ("capacity", "right"), ("used", "right"),
                       ("health", "left"), ("write", "right"), ("read", "right"), ("errors", "right")):

@@ -279,6 +279,9 @@ class ControlServer:
         if replicated and not failures:
             if not await self._wait_replicated(stream, targets, interval):
                 return
+            if self.replicator.conflict is not None:
+                failures.append({"ino": None, "path": None, "errno": "EIO",
+                                 "error": f"not replicated: {self.replicator.conflict}"})
         final = tracker.progress()
         final.update(event="done", ok=not failures, failed=failures)
         if failures:

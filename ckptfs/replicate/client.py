@@ -26,6 +26,8 @@ logs and metrics:
     device      (the replicator's own) reading the data to upload from a device failed
     uploader    (the replicator's own) the uploader process that makes replication's
                 calls (uploader.py) died, hung or could not start
+    conflict    (the replicator's own) another pool writes manifests under the prefix
+                (lineage.py): replication stopped, not retried
 
 `Target.check()` is the mount-time check of --replicate: it looks up the
 bucket and lists one key under the prefix, which needs the endpoint, the
@@ -40,9 +42,9 @@ from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as 
 
 from .manifest import MANIFESTS, Manifest, S3Url, manifest_generation, manifest_name
 
-AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER = (
-    "auth", "no-bucket", "network", "throttled", "server", "other", "device", "uploader")
-CAUSES = (AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER)
+AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER, CONFLICT = (
+    "auth", "no-bucket", "network", "throttled", "server", "other", "device", "uploader", "conflict")
+CAUSES = (AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER, CONFLICT)
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
                "AuthorizationHeaderMalformed", "InvalidSecurity", "403"}
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
@@ -178,6 +180,11 @@ class Target:
         """The manifest of `generation` (BadManifest when it does not decode)."""
         name = manifest_name(generation)
         return Manifest.decode(self.get(name), self._where(name))
+
+    def newest(self) -> Manifest | None:
+        """The newest manifest under the prefix (None: there is none; BadManifest when it does not decode)."""
+        gens = self.generations()
+        return self.manifest(gens[-1]) if gens else None
 
     def create_upload(self, rel: str) -> str:
         res = self._call(f"create multipart upload {self._where(rel)}", self.client.create_multipart_upload,

@@ -36,6 +36,12 @@ A cycle:
 5. **Collect**: manifests beyond the newest `keep`, then objects that no kept
    manifest names.
 
+One writer per prefix (lineage.py): at start, a prefix whose newest
+manifest another pool wrote (not one this pool continues, and without
+`--replicate-takeover`) stops the service before it writes or deletes
+anything; before each manifest the manifests are listed again, and one newer
+than the last this service wrote or found stops it too (cause `conflict`).
+
 Every object-store call that fails is retried with exponential backoff
 (BACKOFF_MIN .. BACKOFF_MAX seconds) until it succeeds; the failure is
 logged once with its cause (client.py), counted, and shown in status until a
@@ -55,9 +61,10 @@ import trio
 
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
-from .client import DEVICE, OTHER, NoSuchUpload, S3Error
-from .manifest import (BadManifest, OBJECTS, Manifest, S3Url, collectable, content_key, manifest_generation,
-                       manifest_name, unreferenced)
+from . import lineage
+from .client import CONFLICT, DEVICE, OTHER, NoSuchUpload, S3Error
+from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, collectable, content_key,
+                       manifest_generation, manifest_name, unreferenced)
 from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, restoring, same_tree, take
@@ -102,8 +109,13 @@ class _Throttle:
 class Replicator:
     def __init__(self, store, url: S3Url, endpoint: str | None = None, *, rate: float | None = None,
                  keep: int = DEFAULT_KEEP, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
-                 connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY):
+                 connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY, takeover: bool = False):
         self.store = store
+        self.url = url
+        self.takeover = takeover  # --replicate-takeover: may start on a prefix another pool wrote
+        self.ancestors: frozenset[str] = frozenset()  # pools this one continues besides its lineage (a restore
+        # that has not reached the journal yet: daemon.assemble)
+        self.conflict: S3Error | None = None  # another writer under the prefix: stopped for good
         self.keep = max(1, keep)
         self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
         self.memory = max(memory, self.part)
@@ -187,13 +199,14 @@ class Replicator:
 
     # ---- waiting -------------------------------------------------------------------
     async def wait_covered(self, seq: int) -> None:
-        """Return once a standing manifest holds the durable state of journal frame `seq` or later."""
-        while self.covered_seq < seq:
+        """Return once a standing manifest holds the durable state of journal frame `seq` or later (or
+        replication stopped: `conflict`)."""
+        while self.covered_seq < seq and self.conflict is None:
             await self.progress.park()
 
     async def wait_files(self, inos: list[int]) -> None:
-        """Return once each of `inos` is replicated or gone."""
-        while not all(self.replicated(i) or i not in self.store.durable.ns.inodes for i in inos):
+        """Return once each of `inos` is replicated or gone (or replication stopped: `conflict`)."""
+        while self.conflict is None and not all(self.replicated(i) or i not in self.store.durable.ns.inodes for i in inos):
             await self.progress.park()
 
     # ---- the service ------------------------------------------------------------------
@@ -203,10 +216,11 @@ class Replicator:
                 await nursery.start(self.target.run)  # the uploader process's tasks
                 task_status.started()
                 await self._guarded(self._start)
-                while True:
+                while self.conflict is None:
                     await self._guarded(self._cycle)
                     await self.changed.wait()
                     await trio.sleep(SETTLE)
+                await trio.sleep_forever()  # stopped (another writer): nothing more is written or deleted
         finally:
             self.parts.close()
 
@@ -250,8 +264,16 @@ class Replicator:
             except BadManifest as e:
                 log.warning("replicate.bad_manifest", extra={"fields": {"manifest": manifest_name(g), "error": str(e)}})
         newest = self.kept.get(self.generation)
-        if newest is not None:
+        if gens and newest is None:  # the newest did not decode: whose it is cannot be told
+            self._stop(lineage.conflict(str(self.url), self.generation, None))
+            return
+        why = lineage.refusal(newest, self.pool, self.lineage(), self.takeover, str(self.url))
+        if why is not None:
+            self._stop(why)
+            return
+        if newest is not None and newest.pool == self.pool:
             self._stand(newest, seq=-1)
+        if newest is not None:
             self.last_manifest_time = newest.time_ns / 1e9
         try:
             for key, upload_id in await self.target.list_uploads(OBJECTS):
@@ -293,6 +315,9 @@ class Replicator:
                 store.alloc.release(dev, unit)
             store.wake()
         if self.standing is None or not same_tree(manifest, self.standing):
+            if await self._intruder():
+                self.cycle_running = False
+                return
             name = manifest_name(manifest.generation)
             await self._s3(self.target.put, name, manifest.encode())
             self.generation = manifest.generation
@@ -309,6 +334,36 @@ class Replicator:
         self.cycle_running = False
         self.progress.unpark_all()
         await self._collect()
+
+    # ---- one writer per prefix (lineage.py) --------------------------------------------------
+    @property
+    def pool(self) -> str:
+        return self.store.sbs[0].pool_id.hex()
+
+    def lineage(self) -> frozenset[str]:
+        """The pools this one continues: its durable lineage, the live one (a restore's tree not yet
+        committed) and `ancestors`."""
+        return lineage.of(self.store.durable.ns) | lineage.of(self.store.ns) | self.ancestors
+
+    async def _intruder(self) -> bool:
+        """Before a manifest is written: is there one newer than ours, by another writer? Then stop."""
+        gens = [g for g in (manifest_generation(k) for k in await self._s3(self.target.list, MANIFESTS))
+                if g is not None]
+        newer = lineage.newer(gens, self.generation)
+        if not newer:
+            return False
+        try:
+            writer = await self._s3(self.target.manifest, newer[-1])
+        except BadManifest:
+            writer = None
+        self._stop(lineage.conflict(str(self.url), newer[-1], writer))
+        return True
+
+    def _stop(self, why: str) -> None:
+        """Another writer owns the prefix: write and delete nothing more (status and log say why)."""
+        self.conflict = S3Error(CONFLICT, why)
+        self._failed(self.conflict)
+        self.cycle_since = self.cycle_since or self.pending_since
 
     async def _collect(self) -> None:
         """Delete manifests beyond the newest `keep`, then objects no kept manifest names."""

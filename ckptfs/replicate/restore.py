@@ -56,6 +56,7 @@ import trio
 from ..errors import ChecksumMismatch, DevicesFull, FsError, NoSpace
 from ..fs.filemap import NeedsFetch
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
+from . import lineage
 from ..fs.remote import NeedsRestore, Remote
 from . import plan
 from .client import S3Error, Target
@@ -552,6 +553,8 @@ def build_tree(r: Restorer, manifest: Manifest) -> None:
     ns = fs.ns
     steps = plan.tree(manifest)
     ns.setxattr(ROOT_INO, plan.SOURCE_XATTR, source.encode())  # first: a crash before the tree is whole restarts
+    # this pool continues the manifest's: it may replicate to that prefix from now on (lineage.py)
+    ns.setxattr(ROOT_INO, lineage.LINEAGE_XATTR, lineage.encode(lineage.of(ns) | {manifest.pool}))
     ino_of = {"": ROOT_INO}
     for step in steps:
         e = step.entry
