@@ -149,6 +149,12 @@ def test_replication_options_reach_the_ckptfs_command_line():
     assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://10.0.0.5:8333",
                        "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-memory", "1G",
                        "--replicate-priority", "low"]
+    args = H.parse_argv(["/dev/a", "/ckpt", "-o", "replicate=s3://ckpt/run/node-3,replicate_takeover,foreground"])
+    _, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
+    assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--replicate-takeover", "--foreground"]
+    with pytest.raises(H.UsageError) as e:
+        H.parse_options("replicate_takeover=yes")
+    assert "takes no value" in str(e.value)
     for bad, word in (("replicate=ckpt/run", "s3://"), ("s3_endpoint=10.0.0.5", "http://"),
                       ("replicate_rate=fast", "replicate_rate=fast"), ("replicate_keep=0", "at least 1"),
                       ("replicate_priority=realtime", "idle, low, normal")):

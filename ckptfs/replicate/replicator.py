@@ -293,7 +293,10 @@ class Replicator:
     async def _cycle(self) -> None:
         store = self.store
         self.changed = trio.Event()
-        if restoring(store.durable):  # retried at the next commit (the restore commits its progress)
+        # retried at the next commit (the restore commits its progress). The live namespace too: a
+        # restore's tree is built there before the journal has it, and the durable state of that
+        # moment (empty) must not become the prefix's newest manifest
+        if restoring(store.durable.ns) or (store.ns is not None and restoring(store.ns)):
             return
         self.cycle_since, self.pending_since = self.pending_since, None
         self.cycle_running = True

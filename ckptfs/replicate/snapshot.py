@@ -34,11 +34,11 @@ def visible_xattrs(inode) -> dict[bytes, bytes]:
     return {k: v for k, v in inode.xattrs.items() if not k.startswith(HIDDEN_XATTR)}
 
 
-def restoring(durable) -> bool:
-    """Whether some file of the durable state still waits for contents from an object store
+def restoring(ns) -> bool:
+    """Whether some file of namespace `ns` still waits for contents from an object store
     (replicate/restore.py marks each with a hidden attribute until it is whole): a manifest
     taken now would name torn files, so replication waits."""
-    return any(any(k.startswith(RESTORE_MARK) for k in i.xattrs) for i in durable.ns.inodes.values() if i.is_reg)
+    return any(any(k.startswith(RESTORE_MARK) for k in i.xattrs) for i in ns.inodes.values() if i.is_reg)
 
 
 @dataclass
