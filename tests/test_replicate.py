@@ -282,8 +282,11 @@ def test_sigkill_during_replication_continues_without_uploading_again(tmp_path, 
         res = ckptfs("wait", "--replicated", str(m.path), timeout=120)
         assert res.returncode == 0, res.stderr
         rep = replication(m)
-        # the newest manifest held first.bin: only second.bin is uploaded by the new daemon
-        assert rep["bytes_uploaded"] == len(second), rep
+        # the newest manifest held first.bin: only second.bin is uploaded by the new daemon, and
+        # of it only the parts the killed one had not sent (at least one was: bytes_uploaded moved)
+        assert rep["bytes_uploaded"] + rep["bytes_resumed"] == len(second), rep
+        assert rep["bytes_resumed"] >= 8 * MiB and "replicate.resumed" in m.log_text(), rep
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), "an upload was left behind"
         gens = manifests(client, bucket)
         got = check_complete(client, bucket, gens[max(gens)])
         assert got["first.bin"] == first and got["second.bin"] == second

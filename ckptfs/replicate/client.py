@@ -9,7 +9,7 @@ credentials and region come from boto3's default chain (environment,
 (MinIO, Ceph RGW, SeaweedFS). `Target` binds one client to one bucket and
 prefix, with the few calls replication needs: list, get (whole or a byte
 range), put, delete, the multipart upload calls (create, upload part,
-complete, abort), and the manifests under the prefix (`generations`,
+list parts, complete, abort), and the manifests under the prefix (`generations`,
 `manifest`).
 
 botocore retries each request a little itself (connection errors, 5xx,
@@ -200,6 +200,17 @@ class Target:
         parts = [{"ETag": e, "PartNumber": i + 1} for i, e in enumerate(etags)]
         self._call(f"complete multipart upload {self._where(rel)}", self.client.complete_multipart_upload,
                    Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, MultipartUpload={"Parts": parts})
+
+    def list_parts(self, rel: str, upload_id: str) -> list[tuple[int, int, str]]:
+        """(part number, size, ETag) of each part an upload in progress holds, by number."""
+        out: list[tuple[int, int, str]] = []
+        kw = {"Bucket": self.bucket, "Key": self.key(rel), "UploadId": upload_id}
+        while True:
+            res = self._call(f"list parts of {self._where(rel)}", self.client.list_parts, **kw)
+            out += [(p["PartNumber"], p["Size"], p["ETag"]) for p in res.get("Parts", ())]
+            if not res.get("IsTruncated") or not res.get("NextPartNumberMarker"):
+                return sorted(out)
+            kw["PartNumberMarker"] = res["NextPartNumberMarker"]
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         """`key` is the full key (as list_uploads gives it)."""

@@ -47,8 +47,12 @@ Every object-store call that fails is retried with exponential backoff
 logged once with its cause (client.py), counted, and shown in status until a
 call succeeds again. At start the service lists the prefix and reads the
 newest manifests, so a remount (after a clean stop or a SIGKILL) uploads
-nothing the store already holds, continues the generations, and aborts
-multipart uploads a killed predecessor left behind.
+nothing the store already holds and continues the generations. Multipart
+uploads a stopped or killed predecessor left are resumed: the first upload
+of the same object lists the parts the store holds and sends only the
+others (a content key names the bytes, so a part of the size this upload
+plans for its number holds the right ones); what the first cycle does not
+resume is aborted.
 """
 from __future__ import annotations
 
@@ -88,6 +92,13 @@ def part_size(size: int, chunk_size: int, base: int = PART_SIZE) -> int:
     part = max(base, chunk_size)
     part = max(part, math.ceil(size / MAX_PARTS))
     return -(-part // chunk_size) * chunk_size
+
+
+def _cancelled(e: BaseException) -> bool:
+    """Is `e` a cancellation, alone or a group (of a nursery) of nothing else?"""
+    if isinstance(e, BaseExceptionGroup):
+        return e.split(trio.Cancelled)[1] is None
+    return isinstance(e, trio.Cancelled)
 
 
 class _Throttle:
@@ -141,6 +152,8 @@ class Replicator:
         self.cycle_running = False
         self.last_manifest_time: float | None = None  # wall-clock time it was written
         self.bytes_uploaded = 0
+        self.bytes_resumed = 0  # bytes of parts a predecessor had uploaded, kept (not sent again)
+        self.left_uploads: dict[str, list[str]] = {}  # object -> multipart upload ids a predecessor left
         self.objects_uploaded = 0
         self.manifests_written = 0
         self.objects_deleted = 0
@@ -185,6 +198,7 @@ class Replicator:
         return {
             "target": str(self.target), "started": self.started, "lag": round(self.lag(), 3),
             "cycle_running": self.cycle_running, "bytes_uploaded": self.bytes_uploaded,
+            "bytes_resumed": self.bytes_resumed,
             "objects_uploaded": self.objects_uploaded, "objects": len(self.objects),
             "manifests_written": self.manifests_written, "objects_deleted": self.objects_deleted,
             "manifests_deleted": self.manifests_deleted, "generation": self.generation,
@@ -251,7 +265,7 @@ class Replicator:
         return False
 
     async def _start(self) -> None:
-        """List the prefix, read the newest manifests, abort uploads a killed daemon left."""
+        """List the prefix, read the newest manifests and the uploads a stopped daemon left."""
         listing = await self._s3(self.target.list, "")
         self.objects = {k for k in listing if k.startswith(OBJECTS)}
         gens = sorted(g for g in (manifest_generation(k) for k in listing) if g is not None)
@@ -277,7 +291,7 @@ class Replicator:
             self.last_manifest_time = newest.time_ns / 1e9
         try:
             for key, upload_id in await self.target.list_uploads(OBJECTS):
-                await self.target.abort_upload(key, upload_id)
+                self.left_uploads.setdefault(key[len(self.url.prefix):], []).append(upload_id)
         except S3Error as e:  # not every store lists uploads; they expire or are collected anyway
             log.info("replicate.stale_uploads_kept", extra={"fields": {"error": str(e)}})
         self.started = True
@@ -317,6 +331,7 @@ class Replicator:
             for dev, unit in units:
                 store.alloc.release(dev, unit)
             store.wake()
+        await self._abort_left()
         if self.standing is None or not same_tree(manifest, self.standing):
             if await self._intruder():
                 self.cycle_running = False
@@ -411,8 +426,10 @@ class Replicator:
             self.parts.give_back(buf)
 
     async def _put_multipart(self, v: Version, nparts: int, size: int) -> None:
-        upload_id = await self._s3(self.target.create_upload, v.key)
-        etags: list[str | None] = [None] * nparts
+        upload_id, etags = await self._resumed(v, nparts, size)
+        if upload_id is None:
+            upload_id = await self._s3(self.target.create_upload, v.key)
+            etags = [None] * nparts
 
         async def part(i: int) -> None:
             buf = await self.parts.take(size)
@@ -427,15 +444,54 @@ class Replicator:
         try:
             async with trio.open_nursery() as nursery:
                 for i in range(nparts):
-                    nursery.start_soon(part, i)
+                    if etags[i] is None:
+                        nursery.start_soon(part, i)
             await self._s3(self.target.complete_upload, v.key, upload_id, etags)
-        except BaseException:
+        except BaseException as e:
+            if _cancelled(e):
+                raise  # the daemon stops: the parts stay for the next start to resume
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:  # best effort: leave no parts behind (a later start aborts what is left)
                     await self.target.abort_upload(self.target.key(v.key), upload_id)
                 except S3Error:
                     pass
             raise
+
+    async def _resumed(self, v: Version, nparts: int, size: int) -> tuple[str | None, list | None]:
+        """An upload of `v` a predecessor left, and the ETag of each of its parts that can stay (one of
+        the size this upload plans for that number; None: send it); (None, None) when there is none."""
+        ids = self.left_uploads.pop(v.key, None)
+        if not ids:
+            return None, None
+        upload_id = ids.pop()
+        await self._abort(v.key, ids)  # more than one (a predecessor's predecessor): keep one
+        try:
+            parts = await self._s3(self.target.list_parts, v.key, upload_id)
+        except NoSuchUpload:
+            return None, None
+        etags: list[str | None] = [None] * nparts
+        for number, got, etag in parts:
+            i = number - 1
+            if 0 <= i < nparts and got == min(size, v.size - i * size):
+                etags[i] = etag
+        kept = sum(min(size, v.size - i * size) for i, e in enumerate(etags) if e is not None)
+        self.bytes_resumed += kept
+        log.info("replicate.resumed", extra={"fields": {"object": v.key, "parts_kept": nparts - etags.count(None),
+                                                         "parts": nparts, "bytes_kept": kept}})
+        return upload_id, etags
+
+    async def _abort_left(self) -> None:
+        """After the first cycle: abort the uploads a predecessor left that it did not resume."""
+        left, self.left_uploads = self.left_uploads, {}
+        for rel, ids in left.items():
+            await self._abort(rel, ids)
+
+    async def _abort(self, rel: str, ids: list[str]) -> None:
+        for upload_id in ids:  # best effort: a store that keeps them expires or lists them again
+            try:
+                await self.target.abort_upload(self.target.key(rel), upload_id)
+            except S3Error as e:
+                log.info("replicate.stale_upload_kept", extra={"fields": {"object": rel, "error": str(e)}})
 
     async def _read(self, v: Version, offset: int, buf: Part) -> int:
         """Read a part, retrying device errors with the same backoff as the store's calls."""

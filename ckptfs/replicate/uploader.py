@@ -76,7 +76,7 @@ class Body:
 
 # the Target calls (client.py) replication makes
 CALLS = frozenset({"list", "put", "delete", "manifest", "create_upload", "upload_part", "complete_upload",
-                   "abort_upload", "list_uploads"})
+                   "abort_upload", "list_uploads", "list_parts"})
 
 
 class Server:

@@ -143,6 +143,9 @@ class Uploader:
     async def list_uploads(self, rel: str) -> list[tuple[str, str]]:
         return [tuple(u) for u in await self.call("list_uploads", rel)]
 
+    async def list_parts(self, rel: str, upload_id: str) -> list[tuple[int, int, str]]:
+        return [tuple(p) for p in await self.call("list_parts", rel, upload_id)]
+
     async def call(self, name: str, *args, body=None):
         """Target.`name`(*args[, body]) in the uploader process; its result, or the exception it raised
         (S3Error, NoSuchUpload, BadManifest), or S3Error(UPLOADER) when the process failed."""
