@@ -144,6 +144,7 @@ def test_a_second_writer_stops_replication_before_it_deletes_anything(tmp_path, 
         assert rep["failing"]["cause"] == "conflict" and "manifest" in rep["failing"]["message"]
         assert rep["objects_deleted"] == 0 and rep["manifests_deleted"] == 0
         assert "replicate.failed" in a.log_text()
+        assert "Replication stopped (conflict): another writer" in ckptfs("status", str(a.path)).stdout
 
         client = s3.client()
         gens = manifests(client, bucket)

@@ -167,12 +167,14 @@ def render(st: dict, limit: int = 20):
 def _replication_lines(rep: dict) -> list:
     from rich.text import Text
 
+    stopped = (rep.get("failing") or {}).get("cause") == "conflict"  # for good: another writer (lineage.py)
     when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rep["manifest_time"]))
             if rep.get("manifest_time") else "none yet")
     lines = [Text(f"Replication to {rep['target']}: lag {human_seconds(rep['lag'])}, manifest generation "
                   f"{rep['generation']} ({when}), {rep['objects']} object(s); uploaded "
                   f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} object(s)"
-                  + ("" if rep["started"] else "; starting"))]
+                  + (f" (and {human_bytes(rep['bytes_resumed'])} resumed)" if rep.get("bytes_resumed") else "")
+                  + ("" if rep["started"] or stopped else "; starting"))]
     up = rep.get("uploader")
     if up and up.get("starts"):
         running = f"pid {up['pid']}" if up["pid"] else "not running"
@@ -181,7 +183,9 @@ def _replication_lines(rep: dict) -> list:
                           + (f" (last: {up['last_exit']})" if up.get("last_exit") else "")))
     if rep.get("failing"):
         f = rep["failing"]
-        lines.append(Text(f"Replication failing ({f['cause']}), retrying: {f['message']}", style="bold red"))
+        how = "stopped" if stopped else "failing"
+        lines.append(Text(f"Replication {how} ({f['cause']}){'' if stopped else ', retrying'}: {f['message']}",
+                          style="bold red"))
     elif rep.get("errors_total"):
         last = rep.get("last_error") or {}
         lines.append(Text(f"Replication errors so far: {rep['errors_total']} (last: {last.get('cause')}: "
