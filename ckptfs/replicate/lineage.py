@@ -23,9 +23,10 @@ that finds it so at its start writes and deletes nothing. Once it runs, a
 manifest newer than the last one it wrote or found (`newer`) means a second
 writer: replication stops before its next manifest or collection (cause
 `conflict`, in status and the log) and stays stopped; the local filesystem
-keeps working. The check lists the manifests before each manifest is
-written: two pools that list within the same moment can still both write
-(S3 has no portable compare-and-swap), but not for more than one cycle.
+keeps working. The check lists the manifests at the end of every cycle,
+before its manifest and its collection: two pools that list within the same
+moment can still both write (S3 has no portable compare-and-swap), but not
+for more than one cycle.
 """
 from __future__ import annotations
 

@@ -39,8 +39,9 @@ A cycle:
 One writer per prefix (lineage.py): at start, a prefix whose newest
 manifest another pool wrote (not one this pool continues, and without
 `--replicate-takeover`) stops the service before it writes or deletes
-anything; before each manifest the manifests are listed again, and one newer
-than the last this service wrote or found stops it too (cause `conflict`).
+anything; at the end of each cycle (before its manifest and its collection)
+the manifests are listed again, and one newer than the last this service
+wrote or found stops it too (cause `conflict`).
 
 Every object-store call that fails is retried with exponential backoff
 (BACKOFF_MIN .. BACKOFF_MAX seconds) until it succeeds; the failure is
@@ -332,10 +333,10 @@ class Replicator:
                 store.alloc.release(dev, unit)
             store.wake()
         await self._abort_left()
+        if await self._intruder():  # before a manifest, and before any collection
+            self.cycle_running = False
+            return
         if self.standing is None or not same_tree(manifest, self.standing):
-            if await self._intruder():
-                self.cycle_running = False
-                return
             name = manifest_name(manifest.generation)
             await self._s3(self.target.put, name, manifest.encode())
             self.generation = manifest.generation
@@ -364,7 +365,8 @@ class Replicator:
         return lineage.of(self.store.durable.ns) | lineage.of(self.store.ns) | self.ancestors
 
     async def _intruder(self) -> bool:
-        """Before a manifest is written: is there one newer than ours, by another writer? Then stop."""
+        """Before a manifest is written or anything collected: is there a manifest newer than the last
+        one this service wrote or found (another writer's)? Then stop."""
         gens = [g for g in (manifest_generation(k) for k in await self._s3(self.target.list, MANIFESTS))
                 if g is not None]
         newer = lineage.newer(gens, self.generation)
