@@ -103,9 +103,11 @@ class TrioHandler:
         # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
         # its start, so they all end r bytes past a chunk boundary. Once a full request did, the next
         # reads shift their run by r (first buffer slot[r:]), so the pieces after the first are whole
-        # chunks on the grid again, adopted. GUARDED_BY: the loop lock.
+        # chunks on the grid again, adopted, and the first, the rest of a chunk from r, is adopted
+        # once the chunk's first r bytes are copied into its slot. GUARDED_BY: the loop lock.
         self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
         self.shifted = 0  # WRITEs read into a shifted run
+        self.shifted_adopted = 0  # ... whose first piece was adopted (its chunk's head copied in)
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -173,11 +175,9 @@ class TrioHandler:
         if run is None:
             return self._serve(self.ops.write, req, after=lambda: self._count(len(req.pieces), 0))
         # piece i lies at the start of position i (the read filled them in order), except a shifted
-        # run's first piece, r bytes into its slot (never adopted)
+        # run's first piece, r bytes into its slot
         slots = run[:len(req.pieces)]
         shifted = self._local.shift
-        if shifted:
-            slots[0] = None
         arena = self.ops.afs.fs.arena
 
         def adopted() -> None:  # under the lock: once adopted, a slot may be freed and lent again
@@ -189,10 +189,11 @@ class TrioHandler:
                     self._local.out = None
                     self._lent.discard(slot)
                     n += 1
+                    self.shifted_adopted += bool(shifted and not i)
             self._count(len(slots), n)
             self.shifted += bool(shifted)
             self._predict(req)
-        return self._serve(self.ops.write, req, slots, after=adopted)
+        return self._serve(self.ops.write, req, slots, shifted, after=adopted)
 
     def _predict(self, req) -> None:
         """Under the lock: the shift for the next reads, from where this full request ended."""
@@ -366,6 +367,7 @@ class NativeEngine:
         stats["adopted"] = self.handler.adopted
         stats["copied"] = self.handler.copied
         stats["shifted"] = self.handler.shifted
+        stats["shifted_adopted"] = self.handler.shifted_adopted
         if self.session.negotiated is not None:
             stats["max_write"] = self.session.negotiated.max_write
         stats["order_gaps"] = self.session.order.gaps
