@@ -36,8 +36,13 @@ a position with no slot is a chunk-sized part of the worker's own buffer),
 and the read scatters the payload over them, one chunk per slot. Each piece
 of a WRITE that is one whole chunk at a chunk boundary adopts its slot as
 that chunk's memory: the kernel's copy is the only one, and the worker is
-lent a fresh slot for that position next time. Other pieces are copied under
-the lock and their slots stay lent to the worker. A READ's reply is made of
+lent a fresh slot for that position next time. A writer off the chunk grid
+(requests r bytes past a boundary) is read into shifted runs, the first
+buffer slot[r:]: its first piece, the rest of a chunk whose first r bytes
+the previous request wrote, adopts its slot too once those r bytes are
+copied into it (`FileData.adopt`, `at`); only the last piece (r bytes) is
+copied. Other pieces are copied under the lock and their slots stay lent to
+the worker. A READ's reply is made of
 views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
 written in place) until the reply is written, then released under the lock.
 
