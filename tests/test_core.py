@@ -795,3 +795,122 @@ def test_writev_adopts_whole_chunks_copies_the_rest_and_stops_short_when_memory_
         fs.writev(fh, 6 * CS, [arena.view(slots[2])], slots=[None])
     arena.unlend(slots[2])
     arena.check_invariants()
+
+
+def _shifted_request(arena, r: int, data: bytes) -> tuple[list[int], list[memoryview]]:
+    """A request read into a shifted run, as the native engine's workers do: `data` scattered over
+    lent slots, the first starting `r` bytes into its slot (its head left as garbage)."""
+    slots, pieces, done = [], [], 0
+    while done < len(data):
+        slot = arena.lend_nowait()
+        view = arena.view(slot)
+        view[:] = b"\xee" * CS
+        at = r if not slots else 0
+        n = min(CS - at, len(data) - done)
+        view[at:at + n] = data[done:done + n]
+        slots.append(slot)
+        pieces.append(view[at:at + n])
+        done += n
+    return slots, pieces
+
+
+def test_writev_adopts_a_shifted_first_piece_after_copying_the_chunks_head():
+    """A request r bytes past a chunk boundary, read into a shifted run: its first piece, the rest
+    of a chunk whose first r bytes the previous request wrote, adopts its slot too, after those
+    r bytes are copied into it; the chunk counts the bytes of both requests (absorbed)."""
+    r = 333
+    arena = Arena(8 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", REG, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    rng = random.Random(5)
+    head = rng.randbytes(CS + r)  # the previous request: ends r bytes into chunk 1
+    assert fs.write(fh, 0, head) == CS + r
+    data = rng.randbytes(2 * CS)  # this one: chunk 1 from r, chunk 2, r bytes of chunk 3
+    slots, pieces = _shifted_request(arena, r, data)
+    assert fs.writev(fh, CS + r, pieces, slots=slots, shift=r) == 2 * CS
+    chunks = inode.data.chunks
+    assert [arena.is_lent(s) for s in slots] == [False, False, True]  # the last piece (r bytes): copied
+    assert chunks[1].slot == slots[0] and chunks[2].slot == slots[1] and chunks[3].slot != slots[2]
+    assert (chunks[1].hwm, chunks[1].absorbed) == (CS, CS)  # r from the first request, CS - r from this
+    assert bytes(fs.read(fh, 0, 4 * CS)) == head + data
+    fs.check_invariants()
+    # a hole before it: the head reads as zeros; a whole piece later in a shifted run adopts as ever
+    slots2, pieces2 = _shifted_request(arena, r, data[:CS - r])
+    assert fs.writev(fh, 5 * CS + r, pieces2, slots=slots2, shift=r) == CS - r
+    assert chunks[5].slot == slots2[0] and chunks[5].absorbed == CS - r and not arena.is_lent(slots2[0])
+    assert bytes(fs.read(fh, 5 * CS, CS)) == bytes(r) + data[:CS - r]
+    # a head shorter than r: zeros up to r, as a write past the high-water mark fills
+    assert fs.write(fh, 6 * CS, b"ab") == 2
+    slots3, pieces3 = _shifted_request(arena, r, data[:CS - r])
+    assert fs.writev(fh, 6 * CS + r, pieces3, slots=slots3, shift=r) == CS - r
+    assert chunks[6].slot == slots3[0] and chunks[6].absorbed == CS - r + 2
+    assert bytes(fs.read(fh, 6 * CS, CS)) == b"ab" + bytes(r - 2) + data[:CS - r]
+    arena.unlend(slots[2])
+    fs.check_invariants()
+
+
+def test_a_shifted_first_piece_off_its_place_or_short_is_copied():
+    """The first piece is adopted only where it lies at its own offset in the chunk (the guessed
+    shift was right) and reaches the chunk's end; otherwise it is copied, its slot stays lent."""
+    r = 100
+    arena = Arena(8 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", REG, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    model = bytearray(random.Random(1).randbytes(3 * CS))
+    fs.write(fh, 0, model)
+    data = random.Random(2).randbytes(CS - r)
+    for off, size in [(r + 1, CS - r), (CS + r, CS - r - 1)]:  # another offset; shorter than the tail
+        slots, pieces = _shifted_request(arena, r, data[:size])
+        assert fs.writev(fh, off, pieces, slots=slots, shift=r) == size
+        assert arena.is_lent(slots[0]) and inode.data.chunks[off // CS].slot != slots[0]
+        model[off:off + size] = data[:size]
+        arena.unlend(slots[0])
+    assert bytes(fs.read(fh, 0, 3 * CS)) == model
+    fs.check_invariants()
+
+
+def test_a_shifted_first_piece_over_a_chunk_a_reply_shows_leaves_the_reply_its_bytes():
+    """The chunk being adopted over has a READ reply in flight (readers): the reply keeps showing
+    the old bytes (the old slot is freed only at read_done), the file has the new ones."""
+    r = 64
+    arena = Arena(8 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", REG, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    old = random.Random(3).randbytes(2 * CS)
+    fs.write(fh, 0, old)
+    pinned = fs.read_pinned(fh, 0, 2 * CS)
+    old_slot = inode.data.chunks[0].slot
+    data = random.Random(4).randbytes(CS - r)
+    slots, pieces = _shifted_request(arena, r, data)
+    free = arena.free_slots
+    assert fs.writev(fh, r, pieces, slots=slots, shift=r) == CS - r
+    assert inode.data.chunks[0].slot == slots[0] and not arena.is_lent(slots[0])
+    assert b"".join(pinned) == old and arena.free_slots == free  # the old slot is still the reply's
+    assert bytes(fs.read(fh, 0, 2 * CS)) == old[:r] + data + old[CS:]
+    fs.owner.read_done(pinned.chunks)
+    assert arena.free_slots == free + 1 and old_slot in arena._free
+    fs.check_invariants()
+
+
+def test_a_shifted_first_piece_over_a_chunk_only_on_a_device_is_not_adopted():
+    """Where the chunk's head is only on a device (evicted), the slot cannot be completed without
+    a fetch: NeedsFetch, nothing changed, the slot still lent (the caller fetches and copies)."""
+    from ckptfs.fs.filemap import NeedsFetch
+    r = 10
+    arena = Arena(4 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", REG, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    fs.write(fh, 0, b"h" * r)
+    chunk = inode.data.chunks[0]
+    arena.free(chunk.slot)  # as an eviction leaves it (the store does this for drained chunks)
+    chunk.slot = None
+    slots, pieces = _shifted_request(arena, r, b"t" * (CS - r))
+    with pytest.raises(NeedsFetch) as e:
+        fs.writev(fh, r, pieces, slots=slots, shift=r)
+    assert e.value.chunks == [chunk] and inode.data.chunks[0] is chunk and arena.is_lent(slots[0])
+    arena.unlend(slots[0])
+    fs.check_invariants()

@@ -320,6 +320,7 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
         assert stats["max_write"] == 4 * MiB  # 64 slots for 2 workers: 4 chunks a request
         assert stats["adopted"] >= 36  # the first 36 MiB: aligned 8 MiB writes, then a 4 MiB bytes
         assert stats["shifted"] > 0  # the 40 MiB write 333 bytes off the grid
+        assert stats["shifted_adopted"] > 0  # ... its requests' first pieces too, each chunk's head copied in
     assert stats["copied"] > 0
     driver.call_sync(_check_invariants, driver)
     driver.unmount()

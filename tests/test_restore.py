@@ -115,6 +115,8 @@ def test_writes_and_size_changes_wait_for_the_whole_file_and_truncate_to_zero_ca
         fs.write(fh, CS, fs.arena.view(slot), slot=slot)
     with pytest.raises(NeedsRestore):
         fs.writev(fh, 0, [fs.arena.view(slot)] * 2, slots=[slot, None])
+    with pytest.raises(NeedsRestore):  # the rest of a chunk, adopted after its head (a shifted run)
+        fs.writev(fh, CS + 7, [fs.arena.view(slot)[7:]], slots=[slot], shift=7)
     assert fs.arena.is_lent(slot) and inode.data.chunks == {}
     fs.arena.unlend(slot)
     with pytest.raises(NeedsRestore):

@@ -205,3 +205,61 @@ def test_read_ahead_loads_runs_of_units_with_one_read_each_and_verifies_every_ch
             assert bytes(p3._call("read", fh, idx * cs, cs)) == data[idx * cs:(idx + 1) * cs]
     p3._call("release", fh)
     d3.kill()
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["draining", "draining-and-committed"])
+def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
+    """The native engine's shifted run adopts the rest of a chunk (FileData.adopt, `at`) whose
+    drain is in flight (busy), and, `closed`, that a pending commit holds too (pins): the drain
+    finishes with the old slot, the new chunk drains after it, the old bytes head the new chunk,
+    every slot and absorbed byte is accounted for, and a remount reads the new contents."""
+    import os
+    import threading
+    from ckptfs.fs.namespace import ROOT_INO
+
+    cs = 64 << 10
+    r = 333
+    devs, d, _ = fresh()
+    afs, store = d.afs, d.store
+    hold = threading.Event()
+    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
+        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    rng = random.Random(9)
+    model = bytearray(rng.randbytes(2 * cs))
+    fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
+    assert d.call_sync(afs.write_nowait, fh, 0, bytes(model)) == 2 * cs  # two full chunks: queued
+    if closed:
+        d.call_sync(afs.flush_nowait, fh)  # a commit captures them (pins)
+    inode = d.call_sync(lambda: d.fs.handle(fh).inode)
+    old = inode.data.chunks[0]
+    deadline = time.monotonic() + 10
+    while not d.call_sync(lambda: old.busy):
+        assert time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.005)
+    tail = rng.randbytes(cs - r)
+
+    def adopt():
+        slot = d.fs.arena.lend_nowait()
+        view = d.fs.arena.view(slot)
+        view[r:] = tail
+        assert afs.writev_nowait(fh, r, [view[r:]], slots=[slot], shift=r) == cs - r
+        new = inode.data.chunks[0]
+        assert new is not old and new.slot == slot and not d.fs.arena.is_lent(slot)
+        assert not old.live and old.slot is not None  # its slot stays the drain's until it returns
+        # the old bytes move on with the new chunk, unless the commit still holds the old one
+        assert (new.absorbed, old.absorbed) == ((cs - r, cs) if closed else (2 * cs - r, 0))
+    d.call_sync(adopt)
+    model[r:cs] = tail
+    assert d.call_sync(lambda: bytes(afs.fs.read(fh, 0, 2 * cs))) == model
+    hold.set()
+    d.call_sync(afs.flush_nowait, fh)
+    d.call_sync(afs.release_nowait, fh)
+    d.call(store.drain_all)
+    assert d.call_sync(lambda: old.slot) is None  # freed once its drain (and commit) let go
+    d.call_sync(store.check_invariants)
+    st = d.call_sync(store.statistics)
+    assert st.bytes_absorbed == 3 * cs - r and st.bytes_in_memory == 0
+    d.unmount()
+    d2 = Driver(image_all(devs))
+    assert PathOps(d2).read_file("/f") == model
+    d2.kill()

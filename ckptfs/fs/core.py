@@ -339,12 +339,14 @@ class Filesystem:
         chunk boundary then adopts it instead of copying (the caller sees it is no longer lent)."""
         return self.writev(fh, off, (buf,), kill_setid, (slot,))
 
-    def writev(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None) -> int:
+    def writev(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None, shift: int = 0) -> int:
         """`write` of `pieces` laid end to end from `off` (one request scattered over buffers);
         short only when the arena filled up (raises NoSpace / NeedsFetch when nothing was written).
 
         `slots[i]`: the lent arena slot `pieces[i]` starts at, or None; a piece that is one whole
-        chunk at a chunk boundary adopts its slot, the others are copied."""
+        chunk at a chunk boundary adopts its slot, the others are copied. `shift`: the first
+        piece starts that many bytes into its slot instead; if it is the rest of a chunk from
+        that offset in the chunk, it adopts its slot too (FileData.adopt, `at`)."""
         h = self.handle(fh)
         if not h.writable:
             raise fs_error(errno.EBADF)
@@ -362,9 +364,10 @@ class Filesystem:
         for i, piece in enumerate(pieces):
             slot = slots[i] if slots else None
             size = memoryview(piece).nbytes
+            at = shift if i == 0 else 0  # where the piece starts in its slot
             try:
-                if slot is not None and size == cs and (off + n) % cs == 0:
-                    got = data.adopt((off + n) // cs, slot)
+                if slot is not None and size == cs - at and (off + n) % cs == at:
+                    got = data.adopt((off + n) // cs, slot, at)
                 else:
                     got = data.write(off + n, piece)
             except (NoSpace, NeedsFetch):

@@ -222,10 +222,12 @@ class AsyncFilesystem:
         rest. `slot`: `buf` lies in this lent arena slot (core.write may adopt it)."""
         return self.writev_nowait(fh, off, (buf,), kill_setid, (slot,))
 
-    def writev_nowait(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None) -> int:
+    def writev_nowait(self, fh: int, off: int, pieces, kill_setid: bool | None = None, slots=None,
+                      shift: int = 0) -> int:
         """`write_nowait` of `pieces` laid end to end from `off`; `slots[i]`: the lent arena slot
-        `pieces[i]` lies in, or None (core.writev adopts whole chunks)."""
-        n = self.fs.writev(fh, off, pieces, kill_setid, slots)
+        `pieces[i]` lies in, or None, the first `shift` bytes into its slot (core.writev adopts
+        whole chunks, and a first piece that is a chunk's tail from `shift`)."""
+        n = self.fs.writev(fh, off, pieces, kill_setid, slots, shift)
         self.backend.absorbed(n)
         return n
 

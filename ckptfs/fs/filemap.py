@@ -29,8 +29,10 @@ restorer writes them in with `fill`, which passes the gate.
 
 Zero copy: a write of exactly one whole chunk whose bytes already lie in a
 slot lent by the arena (the FUSE worker read the request into it) adopts
-that slot instead of copying (`adopt`); `read_pinned` returns views of the
-slots, pinned by `readers` until the reply is out.
+that slot instead of copying (`adopt`); so does a write of a chunk's tail
+[at, chunk size) lying at the same place in its slot, after the chunk's
+first `at` bytes are copied into the slot; `read_pinned` returns views of
+the slots, pinned by `readers` until the reply is out.
 """
 from __future__ import annotations
 
@@ -232,23 +234,39 @@ class FileData:
             done += n
         return done
 
-    def adopt(self, idx: int, slot: int) -> int:
-        """Chunk `idx` becomes the whole of lent `slot` (which holds its new bytes); the chunk size.
-        A file still being restored waits for all of its contents first (NeedsRestore), as `write`."""
+    def adopt(self, idx: int, slot: int, at: int = 0) -> int:
+        """Chunk `idx` becomes lent `slot`, whose bytes from `at` on are the chunk's new bytes; the
+        bytes written (chunk size - `at`). The chunk's first `at` bytes are copied into the slot
+        from the chunk as it is (zeros where it has none): a piece that ends a chunk whose head an
+        earlier write put there costs `at` bytes copied instead of the piece. Raises NeedsFetch
+        when those bytes are only on a device. A file still being restored waits for all of its
+        contents first (NeedsRestore), as `write`."""
         if self.remote is not None:
             self.remote.check_change()
         old = self.chunks.get(idx)
+        keep = 0 if old is None else min(old.hwm, at)  # the old chunk's bytes that stay
+        if keep and old.slot is None:
+            raise NeedsFetch([old])
         if old is None or old.drained:
             self.owner.reserve()  # new device space will be needed: refuse when there is none
         self.owner.adopt_slot(slot)
         chunk = Chunk(slot, self.ino, idx)
-        chunk.hwm = chunk.absorbed = self._cs
+        chunk.hwm = self._cs
+        chunk.absorbed = self._cs - at
         chunk.gen = 1
+        if at:
+            dst = self.owner.view(slot)
+            if keep:  # (a pinned, read or draining chunk is frozen: reading it is fine)
+                dst[:keep] = self.owner.view(old.slot)[:keep]
+            if keep < at:
+                dst[keep:at] = self._zeros[:at - keep]
+            if keep and not old.pins:  # as a copy-on-write: its bytes move on with the copy
+                chunk.absorbed, old.absorbed = chunk.absorbed + old.absorbed, 0
         self.chunks[idx] = chunk
         if old is not None:
-            self.owner.chunk_dropped(old)  # its bytes are overwritten: never drained (skipped)
+            self.owner.chunk_dropped(old)  # its bytes are overwritten or moved: never drained (skipped)
         self.owner.chunk_changed(chunk)
-        return self._cs
+        return self._cs - at
 
     def missing(self, off: int, size: int, file_size: int) -> list[Chunk]:
         """Chunks in the range whose bytes are only on a device."""

@@ -36,8 +36,13 @@ a position with no slot is a chunk-sized part of the worker's own buffer),
 and the read scatters the payload over them, one chunk per slot. Each piece
 of a WRITE that is one whole chunk at a chunk boundary adopts its slot as
 that chunk's memory: the kernel's copy is the only one, and the worker is
-lent a fresh slot for that position next time. Other pieces are copied under
-the lock and their slots stay lent to the worker. A READ's reply is made of
+lent a fresh slot for that position next time. A writer off the chunk grid
+(requests r bytes past a boundary) is read into shifted runs, the first
+buffer slot[r:]: its first piece, the rest of a chunk whose first r bytes
+the previous request wrote, adopts its slot too once those r bytes are
+copied into it (`FileData.adopt`, `at`); only the last piece (r bytes) is
+copied. Other pieces are copied under the lock and their slots stay lent to
+the worker. A READ's reply is made of
 views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
 written in place) until the reply is written, then released under the lock.
 
@@ -103,9 +108,11 @@ class TrioHandler:
         # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
         # its start, so they all end r bytes past a chunk boundary. Once a full request did, the next
         # reads shift their run by r (first buffer slot[r:]), so the pieces after the first are whole
-        # chunks on the grid again, adopted. GUARDED_BY: the loop lock.
+        # chunks on the grid again, adopted, and the first, the rest of a chunk from r, is adopted
+        # once the chunk's first r bytes are copied into its slot. GUARDED_BY: the loop lock.
         self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
         self.shifted = 0  # WRITEs read into a shifted run
+        self.shifted_adopted = 0  # ... whose first piece was adopted (its chunk's head copied in)
 
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
@@ -173,11 +180,9 @@ class TrioHandler:
         if run is None:
             return self._serve(self.ops.write, req, after=lambda: self._count(len(req.pieces), 0))
         # piece i lies at the start of position i (the read filled them in order), except a shifted
-        # run's first piece, r bytes into its slot (never adopted)
+        # run's first piece, r bytes into its slot
         slots = run[:len(req.pieces)]
         shifted = self._local.shift
-        if shifted:
-            slots[0] = None
         arena = self.ops.afs.fs.arena
 
         def adopted() -> None:  # under the lock: once adopted, a slot may be freed and lent again
@@ -189,10 +194,11 @@ class TrioHandler:
                     self._local.out = None
                     self._lent.discard(slot)
                     n += 1
+                    self.shifted_adopted += bool(shifted and not i)
             self._count(len(slots), n)
             self.shifted += bool(shifted)
             self._predict(req)
-        return self._serve(self.ops.write, req, slots, after=adopted)
+        return self._serve(self.ops.write, req, slots, shifted, after=adopted)
 
     def _predict(self, req) -> None:
         """Under the lock: the shift for the next reads, from where this full request ended."""
@@ -366,6 +372,7 @@ class NativeEngine:
         stats["adopted"] = self.handler.adopted
         stats["copied"] = self.handler.copied
         stats["shifted"] = self.handler.shifted
+        stats["shifted_adopted"] = self.handler.shifted_adopted
         if self.session.negotiated is not None:
             stats["max_write"] = self.session.negotiated.max_write
         stats["order_gaps"] = self.session.order.gaps

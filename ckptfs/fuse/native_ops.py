@@ -207,12 +207,13 @@ class Operations:
     async def read_wait(self, req) -> Pinned:
         return await self.afs.read_pinned(req.fh, req.offset, req.size)
 
-    def write(self, req, slots=None) -> WriteOut:
-        """`slots[i]`: the lent arena slot `req.pieces[i]` was read into (its data starts there), or None."""
+    def write(self, req, slots=None, shift: int = 0) -> WriteOut:
+        """`slots[i]`: the lent arena slot `req.pieces[i]` was read into (its data starts there, the
+        first piece's `shift` bytes into its slot), or None."""
         if req.write_flags & abi.FUSE_WRITE_LOCKOWNER:
             self.afs.wrote_from(req.fh, req.lock_owner)  # whose close commits it (core.flush)
         try:
-            done = self.afs.writev_nowait(req.fh, req.offset, req.pieces, self._kill(req), slots)
+            done = self.afs.writev_nowait(req.fh, req.offset, req.pieces, self._kill(req), slots, shift)
         except (NoSpace, NeedsFetch):
             done = 0
         if done == req.size:
