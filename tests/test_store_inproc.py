@@ -263,3 +263,27 @@ def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
     d2 = Driver(image_all(devs))
     assert PathOps(d2).read_file("/f") == model
     d2.kill()
+
+
+def test_a_full_arena_of_clean_chunks_still_lends_receive_buffers():
+    # after a synced save the arena is full of cached chunks already on the devices; a worker's
+    # receive buffer must come from evicting one (least recently used), or every WRITE is copied
+    devs, d, p = fresh(memory=512 << 10)  # 8 chunks of 64 KiB
+    data = random.randbytes(8 * (64 << 10))
+    p.write_file("/f", data, fsync=True)
+
+    def lend():
+        arena = d.fs.arena
+        full = arena.free_slots
+        slot = d.afs.lend_slot(2)
+        got = (full, slot, arena.free_slots)
+        if slot is not None:
+            d.afs.unlend_slot(slot)
+        arena.check_invariants()
+        d.store.check_invariants()
+        return got
+
+    full, slot, after = d.call_sync(lend)
+    assert full <= 2 and slot is not None and after == 2, (full, slot, after)
+    assert p.read_file("/f") == data  # the evicted chunks come back from the devices
+    d.unmount()

@@ -31,7 +31,8 @@ Zero copy. Requests are up to `request_chunks` chunks (max_write, 4 MiB
 with 1 MiB chunks, where the kernel's max_pages limit allows; one chunk
 otherwise). `write_buffer` (the session's hook, before each read) hands each
 worker a run of that many free arena slots, lent (`AsyncFilesystem.lend_slot`,
-counted as used memory, and only while more than `keep_free` slots are free;
+counted as used memory, and only while more than `keep_free` slots are free,
+clean chunks evicted to keep them so (`Store.make_free`);
 a position with no slot is a chunk-sized part of the worker's own buffer),
 and the read scatters the payload over them, one chunk per slot. Each piece
 of a WRITE that is one whole chunk at a chunk boundary adopts its slot as
@@ -250,7 +251,7 @@ class TrioHandler:
             return out
         n = local.k + (1 if shift else 0)
         bufs = local.bufs
-        if None in run[:n] and arena.free_slots > self.keep_free:
+        if None in run[:n] and afs.can_lend(self.keep_free):
             with self.loop:
                 for i in range(n):
                     if run[i] is None:

@@ -185,17 +185,34 @@ class Store:
             return self.arena.alloc_nowait()
         except NoSpace:
             pass
-        while self.lru:
-            _, chunk = self.lru.popitem(last=False)
-            if chunk.slot is not None and chunk.drained and not chunk.readers:
-                slot, chunk.slot = chunk.slot, None
-                return slot
+        slot = self._evict_one()
+        if slot is not None:
+            return slot
         # nothing clean to evict: let partial chunks drain too, then the caller waits
         self.drainer.open_gate()
         for key, chunk in list(self.unsealed.items()):
             del self.unsealed[key]
             self.drainer.queue(chunk)
         raise NoSpace("memory arena is full of data not yet on the devices")
+
+    def _evict_one(self) -> int | None:
+        """The slot of the least recently used chunk already on a device (now only there), or None."""
+        while self.lru:
+            _, chunk = self.lru.popitem(last=False)
+            if chunk.slot is not None and chunk.drained and not chunk.readers:
+                slot, chunk.slot = chunk.slot, None
+                return slot
+        return None
+
+    def make_free(self, want: int) -> None:
+        """Evict clean chunks (least recently used first) until `want` slots are free or none is left:
+        the FUSE workers' receive buffers are lent from free slots only, and an arena full of
+        cached checkpoints would otherwise copy every WRITE instead of adopting it."""
+        while self.arena.free_slots < want:
+            slot = self._evict_one()
+            if slot is None:
+                return
+            self.arena.free(slot)
 
     def view(self, slot: int) -> memoryview:
         return self.arena.view(slot)
