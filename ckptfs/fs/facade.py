@@ -258,19 +258,14 @@ class AsyncFilesystem:
 
     def can_lend(self, keep_free: int) -> bool:
         """Might `lend_slot` give a slot? (Read without the lock: a wrong guess costs one lock.)"""
-        if self.fs.arena.free_slots > keep_free:
-            return True
-        evictable = getattr(self.fs.owner, "evictable", None)
-        return evictable is not None and evictable() > 0
+        return self.fs.arena.free_slots > keep_free or self.fs.owner.evictable() > 0
 
     def lend_slot(self, keep_free: int) -> int | None:
         """A free arena slot lent as a FUSE receive buffer, None when `keep_free` or fewer are free
         even after evicting clean chunks (the store's `make_free`)."""
         arena = self.fs.arena
         if arena.free_slots <= keep_free:
-            make_free = getattr(self.fs.owner, "make_free", None)
-            if make_free is not None:
-                make_free(keep_free + 1)
+            self.fs.owner.make_free(keep_free + 1)
         return arena.lend_nowait() if arena.free_slots > keep_free else None
 
     def unlend_slot(self, slot: int) -> None:

@@ -92,6 +92,8 @@ class ChunkOwner(Protocol):
     def read_ahead(self, data: "FileData", idx: int) -> None: ...
     def adopt_slot(self, slot: int) -> None: ...  # a lent slot becomes a chunk's
     def read_done(self, chunks: list[Chunk]) -> None: ...  # the replies pinning them are out
+    def evictable(self) -> int: ...  # slots held by chunks already on a device
+    def make_free(self, want: int) -> None: ...  # evict such chunks until `want` slots are free
 
 
 class Pinned(list):
@@ -146,6 +148,12 @@ class MemoryOwner:
             if not (chunk.readers or chunk.live or chunk.pins) and chunk.slot is not None:
                 self.arena.free(chunk.slot)
                 chunk.slot = None
+
+    def evictable(self) -> int:
+        return 0  # nothing is on a device
+
+    def make_free(self, want: int) -> None:
+        pass
 
 
 @functools.cache

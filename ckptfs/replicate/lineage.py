@@ -74,5 +74,6 @@ def newer(generations, known: int) -> list[int]:
 def conflict(url: str, gen: int, writer: Manifest | None) -> str:
     """The line for a second writer found while replicating."""
     who = f"pool {writer.pool[:16]}" if writer is not None else "an unreadable manifest"
-    return (f"another writer under {url}: manifest {gen} ({who}) was not written by "
-            f"this daemon; replication stopped so that neither pool deletes the other's objects. Give each node its own prefix and remount")
+    return (f"another writer under {url}: manifest {gen} ({who}) was not written by this daemon; "
+            f"replication stopped so that neither pool deletes the other's objects. Give each node its "
+            f"own prefix and remount")

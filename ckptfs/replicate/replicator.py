@@ -316,7 +316,7 @@ class Replicator:
         self.cycle_since, self.pending_since = self.pending_since, None
         self.cycle_running = True
         seq = store.committer.seq
-        manifest, versions = take(store.durable, pool=store.sbs[0].pool_id.hex(), seq=seq,
+        manifest, versions = take(store.durable, pool=self.pool, seq=seq,
                                   chunk_size=store.chunk_size, time_ns=time.time_ns(),
                                   generation=self.generation + 1)
         missing = [v for k, v in versions.items() if k not in self.objects]

@@ -56,9 +56,8 @@ import trio
 from ..errors import ChecksumMismatch, DevicesFull, FsError, NoSpace
 from ..fs.filemap import NeedsFetch
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
-from . import lineage
 from ..fs.remote import NeedsRestore, Remote
-from . import plan
+from . import lineage, plan
 from .client import S3Error, Target
 from .manifest import MANIFESTS, BadManifest, Entry, Manifest, parse_url
 
