@@ -335,3 +335,29 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
         again.call_sync(_check_invariants, again)
     finally:
         again.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="requests of 4 chunks need the max_pages sysctl raised (root)")
+def test_a_sequential_writers_next_write_is_read_shifted_from_its_first_request(tmp_path):
+    """A writer's next write() starts where its last ended (torch.save: a zip member's header and
+    data, then the next), so the end of every WRITE, a write()'s short last request included,
+    predicts the shift of the next read: every full request of each off-grid write() adopts its
+    first piece, not only those after the write()'s first (one worker: reads follow serves)."""
+    devices = make_devices(2, 256 * MiB)
+    driver = Driver(devices, memory=64 * MiB, chunk_size=MiB, fmt=True, queue_depth=4, journal_half=2 * MiB)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    rng = random.Random(11)
+    data = [rng.randbytes(333)] + [rng.randbytes(8 * MiB + 100 + i) for i in range(3)]
+    engine = _mount_native(driver, mnt, threads=1)
+    try:
+        with open(mnt / "f", "wb", buffering=0) as f:
+            for piece in data:
+                assert f.write(piece) == len(piece)  # each write() r bytes past a boundary, r new each time
+        assert (mnt / "f").read_bytes() == b"".join(data)
+    finally:
+        stats = _unmount_native(driver, engine)
+    assert stats["max_write"] == 4 * MiB
+    assert stats["shifted_adopted"] == 6  # 2 full requests per 8 MiB write(), the first ones included
+    driver.call_sync(_check_invariants, driver)
+    driver.kill()

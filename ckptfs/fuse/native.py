@@ -107,11 +107,12 @@ class TrioHandler:
         self.adopted = 0  # WRITE pieces (chunks) whose lent slot became the chunk's memory (no copy)
         self.copied = 0  # WRITE pieces copied into their chunks (not one whole chunk, or no slot lent)
         # Writers off the chunk grid: the kernel cuts a large write() into requests of max_write from
-        # its start, so they all end r bytes past a chunk boundary. Once a full request did, the next
+        # its start, so they all end r bytes past a chunk boundary, and a sequential writer's next
+        # write() starts where the last ended. Once a request ended r past a boundary, the next
         # reads shift their run by r (first buffer slot[r:]), so the pieces after the first are whole
         # chunks on the grid again, adopted, and the first, the rest of a chunk from r, is adopted
-        # once the chunk's first r bytes are copied into its slot. GUARDED_BY: the loop lock.
-        self.shift = 0  # r for the next reads (read without the lock: a wrong guess only costs copies)
+        # once the chunk's first r bytes are copied into its slot.
+        self.shift = 0  # r for the next read (set by on_read, without the lock: a wrong guess only costs copies)
         self.shifted = 0  # WRITEs read into a shifted run
         self.shifted_adopted = 0  # ... whose first piece was adopted (its chunk's head copied in)
 
@@ -198,14 +199,15 @@ class TrioHandler:
                     self.shifted_adopted += bool(shifted and not i)
             self._count(len(slots), n)
             self.shifted += bool(shifted)
-            self._predict(req)
         return self._serve(self.ops.write, req, slots, shifted, after=adopted)
 
-    def _predict(self, req) -> None:
-        """Under the lock: the shift for the next reads, from where this full request ended."""
-        if self.session is None or self.session.negotiated is None or req.size != self.session.negotiated.max_write:
-            return  # a write()'s last request, or a small write: says nothing of the next
-        self.shift = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
+    def on_read(self, req) -> None:
+        """The session's hook, as soon as a request is read (before it is served): the shift for
+        the next reads, from where this WRITE ends. A full request: the next of its
+        write() starts r past a boundary as it did; a write()'s last request (or a small
+        write): a sequential writer's next write() starts where it ended."""
+        if req.method == "write":
+            self.shift = (req.offset + req.size) % self.ops.afs.fs.arena.chunk_size
 
     def _count(self, pieces: int, adopted: int) -> None:
         """Under the lock: how a WRITE's pieces went in."""
@@ -335,7 +337,8 @@ class NativeEngine:
                                default_permissions=True, want=WANT,
                                max_write=arena.chunk_size * request_chunks(arena.nslots, threads, request_chunks_most),
                                grain=arena.chunk_size, raise_max_pages=root, write_buffer=self.handler.write_buffer,
-                               after_reply=None if loop is None else loop.kick)
+                               after_reply=None if loop is None else loop.kick,
+                               on_read=self.handler.on_read)
         self.handler.session = self.session
 
     def start(self) -> None:

@@ -21,6 +21,9 @@ requests of several chunks: `Write.pieces` are then views of each). The write
 handler finds its data already in place and may keep buffers (the hook
 returns fresh ones next time; None: the worker's own). Together they must
 hold `payload_size` bytes (max_write, or the room a non-WRITE request needs).
+A worker lays its buffers out before it knows the request; an `on_read(req)`
+hook sees each request as soon as it is parsed (before it is served), so
+the next layouts can follow from it.
 Replies go out with ``os.writev(fd, [out_header, *data])``: READ data may be
 views of the arena or of device buffers, never copied here; a result with a
 `release()` method is released once its reply is written (or dropped), so a
@@ -123,7 +126,7 @@ class Session:
                  subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
                  want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
                  raise_max_pages: bool = False,
-                 write_buffer=None, after_reply=None, use_fusermount: bool | None = None):
+                 write_buffer=None, after_reply=None, on_read=None, use_fusermount: bool | None = None):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
         self.threads = threads or default_threads()
@@ -134,6 +137,7 @@ class Session:
         self.raise_max_pages = raise_max_pages
         self.write_buffer = write_buffer
         self.after_reply = after_reply
+        self.on_read = on_read
         self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
@@ -331,7 +335,9 @@ class Session:
                 if n == 0:
                     break  # end of file: not /dev/fuse (a socket in tests) and its peer is gone
                 try:
-                    self._serve_one(fd, head, payload, n, counts)
+                    req = self._parse(fd, head, payload, n, counts)
+                    if req is not None:
+                        self._serve_one(fd, req, counts)
                 except Exception:  # noqa: BLE001 - a worker never dies of one request
                     log.exception("worker %d: request not served", index)
         finally:
@@ -339,20 +345,12 @@ class Session:
                 os.close(fd)
             log.debug("worker %d exits", index)
 
-    def _serve_one(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict) -> None:
-        unique = abi.IN_HEADER.unpack_from(head)[2] if n >= abi.IN_HEADER.size else None
-        try:
-            self._serve_request(fd, head, payload, n, counts)
-        finally:
-            if unique is not None:
-                self.order.done(unique)  # whatever happened to it (a handler may have said so sooner)
-            if self.after_reply is not None:
-                self.after_reply()
-
-    def _serve_request(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict) -> None:
+    def _parse(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict):
+        """The request a read of `n` bytes holds (seen by `on_read`), or None when there is
+        nothing to serve (a short read; a bad request, answered EIO and done)."""
         if n < abi.IN_HEADER.size:
             log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
-            return
+            return None
         h = parse_header(head)
         try:
             req = parse_request(h, head[abi.IN_HEADER.size:min(n, len(head))],
@@ -363,7 +361,25 @@ class Session:
             counts["errors"] = counts.get("errors", 0) + 1
             if h.opcode not in (abi.Op.FORGET, abi.Op.BATCH_FORGET):
                 self._send(fd, [error_reply(h.unique, errno.EIO)], h.unique)
-            return
+            self.order.done(h.unique)
+            return None
+        if self.on_read is not None:
+            try:
+                self.on_read(req)
+            except Exception:  # noqa: BLE001 - a hint for the next layout only
+                log.exception("on_read failed")
+        return req
+
+    def _serve_one(self, fd: int, req, counts: dict) -> None:
+        try:
+            self._serve_request(fd, req, counts)
+        finally:
+            self.order.done(req.header.unique)  # whatever happened to it (a handler may have said so sooner)
+            if self.after_reply is not None:
+                self.after_reply()
+
+    def _serve_request(self, fd: int, req, counts: dict) -> None:
+        h = req.header
         method = req.method
         counts[method or "unsupported"] = counts.get(method or "unsupported", 0) + 1
         if method in _NO_REPLY:
