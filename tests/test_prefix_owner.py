@@ -159,3 +159,47 @@ def test_a_second_writer_stops_replication_before_it_deletes_anything(tmp_path, 
         if b is not None:
             b.close()
         a.close()
+
+
+def test_two_writers_of_one_generation_the_first_stays_and_the_second_stops(s3, bucket):
+    """What the check cannot see: another pool puts a manifest of the very generation this one is
+    about to write, after this one's check listed the prefix (in process: the listing is wrapped
+    to do it then). The manifest is put only where its name is free (If-None-Match), so the other
+    pool's stays as it was, and this one stops (conflict) without writing or deleting anything."""
+    import time
+
+    import trio
+    from inproc import Driver, PathOps, make_devices
+
+    from ckptfs.replicate.client import CONFLICT
+    from ckptfs.replicate.manifest import MANIFESTS, Manifest, manifest_name, parse_url
+    from ckptfs.replicate.replicator import Replicator
+
+    client = s3.client()
+    other = Manifest(generation=1, pool="ab" * 16, journal_seq=7, time_ns=time.time_ns(), chunk_size=MiB, entries=[])
+    driver = Driver(make_devices(2, 64 * MiB), memory=8 * MiB, chunk_size=MiB, fmt=True, journal_half=2 * MiB)
+    try:
+        PathOps(driver).write_file("/step1.pt", os.urandom(3 * MiB + 5), fsync=True)
+        rep = Replicator(driver.store, parse_url(f"s3://{bucket}/race"), s3.endpoint)
+        listing = rep.target.list
+
+        async def racing_list(rel: str):
+            got = await listing(rel)
+            if rel == MANIFESTS:  # the check before the manifest: the other pool's generation 1 goes in now
+                await trio.to_thread.run_sync(lambda: client.put_object(
+                    Bucket=bucket, Key="race/" + manifest_name(1), Body=other.encode()))
+            return got
+
+        rep.target.list = racing_list
+        driver.call_sync(driver.nursery.start_soon, rep.run)
+        deadline = time.monotonic() + 60
+        while driver.call_sync(lambda: rep.conflict) is None:
+            assert time.monotonic() < deadline, driver.call_sync(rep.statistics)
+            time.sleep(0.1)
+        stats = driver.call_sync(rep.statistics)
+    finally:
+        driver.kill()
+    assert rep.conflict.cause == CONFLICT and "manifest 1 (pool abababababababab)" in str(rep.conflict)
+    assert client.get_object(Bucket=bucket, Key="race/" + manifest_name(1))["Body"].read() == other.encode()
+    assert stats["manifests_written"] == 0 and stats["objects_deleted"] == 0 and stats["manifests_deleted"] == 0
+    assert stats["objects_uploaded"] == 1 and any(k.startswith("race/objects/") for k in keys(client, bucket))

@@ -173,6 +173,28 @@ def test_every_failure_of_the_store_becomes_one_line_with_its_cause():
     assert isinstance(gone, NoSuchUpload) and classify(gone) is gone
 
 
+def test_a_store_without_conditional_puts_gets_plain_ones_from_then_on(caplog):
+    """put_new on a store that answers If-None-Match with 501 NotImplemented: the same put without
+    the condition, one warning, and no condition asked again (botocore's Stubber: no server)."""
+    import boto3
+    from botocore.stub import ANY, Stubber
+
+    from ckptfs.replicate.client import Target
+
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
+    target = Target(parse_url("s3://bkt/p"), client=client)
+    with Stubber(client) as stub:
+        stub.add_client_error("put_object", "NotImplemented", "A header you provided implies functionality "
+                              "that is not implemented", 501,
+                              expected_params={"Bucket": "bkt", "Key": "p/m1", "Body": ANY, "IfNoneMatch": "*"})
+        for key in ("p/m1", "p/m2"):
+            stub.add_response("put_object", {}, {"Bucket": "bkt", "Key": key, "Body": ANY})
+        assert target.put_new("m1", b"one") and target.put_new("m2", b"two")
+        stub.assert_no_pending_responses()
+    assert not target.conditional
+    assert [r.levelname for r in caplog.records if "conditional puts" in r.getMessage()] == ["WARNING"]
+
+
 def _manifest(pool: str, gen: int = 7) -> Manifest:
     return Manifest(generation=gen, pool=pool, journal_seq=1, time_ns=1_700_000_000 * 10**9, chunk_size=CHUNK,
                     entries=[])

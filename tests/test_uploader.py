@@ -114,6 +114,17 @@ def test_calls_go_through_the_process_bit_exact_and_errors_keep_their_types(s3, 
     assert type(err) is S3Error and err.cause == NO_BUCKET
 
 
+def test_put_new_writes_only_where_the_name_is_free_and_knows_its_own_bytes_again(s3, bucket):
+    """A manifest's put (If-None-Match): the first writer of a name wins; the same bytes again (a
+    retry whose first attempt went through) count as written; other bytes there do not."""
+    async def body(up: Uploader, parts: PartMemory):
+        return [await up.put_new(manifest_name(3), b"first"), await up.put_new(manifest_name(3), b"first"),
+                await up.put_new(manifest_name(3), b"second")]
+
+    assert run_uploader(s3, bucket, body) == [True, True, False]
+    assert s3.client().get_object(Bucket=bucket, Key="p/" + manifest_name(3))["Body"].read() == b"first"
+
+
 def test_a_hung_or_killed_process_fails_the_calls_in_flight_and_the_next_call_restarts_it(s3, bucket):
     async def body(up: Uploader, parts: PartMemory):
         await up.list("")

@@ -35,12 +35,16 @@ credentials and the bucket to be right.
 """
 from __future__ import annotations
 
+import logging
+
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConnectionError,
                                  NoCredentialsError, PartialCredentialsError)
 
 from .manifest import MANIFESTS, Manifest, S3Url, manifest_generation, manifest_name
+
+log = logging.getLogger("ckptfs.replicate")
 
 AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER, CONFLICT = (
     "auth", "no-bucket", "network", "throttled", "server", "other", "device", "uploader", "conflict")
@@ -114,6 +118,7 @@ class Target:
         self.endpoint = endpoint
         self.client = client if client is not None else make_client(endpoint, **kw)
         self.bucket = url.bucket
+        self.conditional = True  # the store takes If-None-Match on puts (until it says it does not)
 
     def __str__(self) -> str:
         return str(self.url) + (f" at {self.endpoint}" if self.endpoint else "")
@@ -161,6 +166,31 @@ class Target:
     def put(self, rel: str, body) -> None:
         self._call(f"put {self._where(rel)}", self.client.put_object, Bucket=self.bucket, Key=self.key(rel),
                    Body=body)
+
+    def put_new(self, rel: str, body: bytes) -> bool:
+        """Put `body` at `rel` unless something is there (If-None-Match: *): of two writers of one
+        name, one wins. True when these bytes are there now (written, or an earlier attempt of the
+        same put that botocore retried was), False when another object holds the name. A store
+        that does not implement the condition gets plain puts from then on (logged once)."""
+        what = f"put {self._where(rel)} if absent"
+        if self.conditional:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, IfNoneMatch="*")
+                return True
+            except ClientError as e:
+                code = str(e.response.get("Error", {}).get("Code", ""))
+                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                if code == "PreconditionFailed" or status == 412:
+                    return self.get(rel) == body
+                if code != "NotImplemented" and status != 501:
+                    raise classify(e, what) from None
+                self.conditional = False
+                log.warning("%s does not implement conditional puts (If-None-Match): two writers of one "
+                            "manifest name cannot be told apart there", self)
+            except Exception as e:  # noqa: BLE001
+                raise classify(e, what) from None
+        self.put(rel, body)
+        return True
 
     def delete(self, rels: list[str]) -> None:
         for i in range(0, len(rels), 1000):

@@ -24,9 +24,14 @@ manifest newer than the last one it wrote or found (`newer`) means a second
 writer: replication stops before its next manifest or collection (cause
 `conflict`, in status and the log) and stays stopped; the local filesystem
 keeps working. The check lists the manifests at the end of every cycle,
-before its manifest and its collection: two pools that list within the same
-moment can still both write (S3 has no portable compare-and-swap), but not
-for more than one cycle.
+before its manifest and its collection. Two pools that list within the same
+moment and then write the same generation are told apart by the store: a
+manifest is put only if its name is free (If-None-Match: *, client.py
+`put_new`), so the second finds the first's there and stops the same way.
+Two that write different generations in that moment both land, but neither
+collects the other's objects before its next cycle's check stops one of
+them. (A store that does not implement the condition gets plain puts: there
+the same generation would be overwritten.)
 """
 from __future__ import annotations
 

@@ -338,7 +338,10 @@ class Replicator:
             return
         if self.standing is None or not same_tree(manifest, self.standing):
             name = manifest_name(manifest.generation)
-            await self._s3(self.target.put, name, manifest.encode())
+            if not await self._s3(self.target.put_new, name, manifest.encode()):
+                await self._lost_race(manifest.generation)  # another writer's, put since the check
+                self.cycle_running = False
+                return
             self.generation = manifest.generation
             self.kept[manifest.generation] = manifest
             self.manifests_written += 1
@@ -372,12 +375,16 @@ class Replicator:
         newer = lineage.newer(gens, self.generation)
         if not newer:
             return False
+        await self._lost_race(newer[-1])
+        return True
+
+    async def _lost_race(self, generation: int) -> None:
+        """Manifest `generation` is another writer's: stop, naming its pool."""
         try:
-            writer = await self._s3(self.target.manifest, newer[-1])
+            writer = await self._s3(self.target.manifest, generation)
         except BadManifest:
             writer = None
-        self._stop(lineage.conflict(str(self.url), newer[-1], writer))
-        return True
+        self._stop(lineage.conflict(str(self.url), generation, writer))
 
     def _stop(self, why: str) -> None:
         """Another writer owns the prefix: write and delete nothing more (status and log say why)."""

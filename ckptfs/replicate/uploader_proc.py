@@ -122,6 +122,10 @@ class Uploader:
         """`body`: bytes, or a part's `body(n)`."""
         await self.call("put", rel, body=body)
 
+    async def put_new(self, rel: str, body: bytes) -> bool:
+        """Target.put_new: False when another object holds `rel`."""
+        return await self.call("put_new", rel, body=body)
+
     async def delete(self, rels: list[str]) -> None:
         await self.call("delete", rels)
 
