@@ -197,7 +197,12 @@ def drop_caches() -> None:
 def proc_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` (all its threads) so far."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return stat_cpu_seconds(f.read())
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat)."""
+    fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: fields 14, 15 of stat
 
 

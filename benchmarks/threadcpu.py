@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from common import CLK_TCK, GiB, MiB, SCRATCH, file_devices, mounted, sync_mount
+from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_cpu_seconds, sync_mount
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -42,8 +42,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
         except FileNotFoundError:
             continue  # a thread that just ended
         name = re.sub(r" \d+$", " N", raw[raw.index("(") + 1:raw.rindex(")")])
-        fields = raw.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[name] = out.get(name, 0.0) + stat_cpu_seconds(raw)
     return out
 
 

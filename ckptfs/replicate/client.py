@@ -76,6 +76,12 @@ def make_client(endpoint: str | None = None, *, connections: int = 16, attempts:
     return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
 
 
+def code_status(exc: ClientError) -> tuple[str, int]:
+    """The error code and HTTP status of a boto3 ClientError ("", 0 where it has none)."""
+    return (str(exc.response.get("Error", {}).get("Code", "")),
+            exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
 def classify(exc: BaseException, what: str = "") -> S3Error:
     """The S3Error for an exception raised by a boto3 call; `what` (the call and its object) leads the line."""
     prefix = f"{what}: " if what else ""
@@ -85,10 +91,8 @@ def classify(exc: BaseException, what: str = "") -> S3Error:
         return S3Error(AUTH, f"{prefix}no usable AWS credentials (set AWS_ACCESS_KEY_ID and "
                              f"AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, or an instance role): {exc}")
     if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        msg = err.get("Message") or code
+        code, status = code_status(exc)
+        msg = exc.response.get("Error", {}).get("Message") or code
         if code == "NoSuchUpload":
             return NoSuchUpload(OTHER, f"{prefix}the multipart upload is gone ({msg})")
         if code in _AUTH_CODES or status == 403:
@@ -178,8 +182,7 @@ class Target:
                 self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, IfNoneMatch="*")
                 return True
             except ClientError as e:
-                code = str(e.response.get("Error", {}).get("Code", ""))
-                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                code, status = code_status(e)
                 if code == "PreconditionFailed" or status == 412:
                     return self.get(rel) == body
                 if code != "NotImplemented" and status != 501:

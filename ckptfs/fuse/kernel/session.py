@@ -338,6 +338,8 @@ class Session:
                     req = self._parse(fd, head, payload, n, counts)
                     if req is not None:
                         self._serve_one(fd, req, counts)
+                    elif self.after_reply is not None:
+                        self.after_reply()  # a short read or a bad request (answered): over too
                 except Exception:  # noqa: BLE001 - a worker never dies of one request
                     log.exception("worker %d: request not served", index)
         finally:
