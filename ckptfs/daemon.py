@@ -351,6 +351,7 @@ class _Daemon:
         self.mounted = True
         self.control.info["engine"] = "pyfuse3" if self.native is None else "native"
         self.control.info["threads"] = 1 if self.native is None else self.native.session.threads
+        self.control.info["reads"] = "direct" if self.mount.fs.direct_reads else "page cache"
         if self.native is not None:
             self.control.sections["engine_stats"] = self.native.statistics  # adopted/copied chunks, requests
         arena = self.mount.fs.arena

@@ -592,6 +592,20 @@ def test_fs_short_write_then_nospace(fs):
     fs.release(fh)
 
 
+def test_fs_direct_reads_make_read_only_opens_direct_io(fs):
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"v1")
+    fs.release(fh)
+    fs.direct_reads = True  # the native engine, where the kernel maps direct_io files shared
+    for _ in range(2):  # unchanged, yet no page cache: every read reaches the filesystem
+        r = fs.open(inode.ino, os.O_RDONLY)
+        assert r.direct_io and not r.keep_cache
+        fs.release(r.fh)
+    w = fs.open(inode.ino, os.O_RDWR)
+    assert w.direct_io and not w.keep_cache
+    fs.release(w.fh)
+
+
 def test_fs_keep_cache_only_when_unchanged(fs):
     fh, inode = create(fs, b"f")
     fs.write(fh, 0, b"v1")

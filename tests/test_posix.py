@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import mmap
 import os
 import stat
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckptfs.format.layout import plan
-from mounting import reachable_mount
+from mounting import ckptfs, reachable_mount
 
 pytestmark = pytest.mark.mount
 
@@ -500,20 +501,54 @@ def test_dot_entries_listed(d):
     assert sorted(out) == [".", "..", "x"]
 
 
-def test_shared_writable_mmap_of_writable_open_is_refused(d):
-    """Documented limit: files open for writing use direct_io, which cannot be mapped shared-writable."""
+def _reads(mnt) -> str:
+    return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)["reads"]
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    return tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) >= (major, minor)
+
+
+def test_read_only_opens_go_direct_where_the_kernel_maps_direct_io_files(d, mnt, engine):
+    """native engine, kernel >= 6.6 (FUSE_DIRECT_IO_ALLOW_MMAP): read-only opens bypass the page
+    cache, so the second read of an unchanged file reaches the daemon too (READ requests), and
+    status says so; pyfuse3 reads through the page cache."""
+    want = "direct" if engine == "native" and _kernel_at_least(6, 6) else "page cache"
+    assert _reads(mnt) == want
+    p = d / "f"
+    data = os.urandom(3 << 20)
+    p.write_bytes(data)
+    assert p.read_bytes() == data
+    if engine != "native":
+        return
+    before = json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)["engine_stats"]["read"]
+    assert p.read_bytes() == data
+    after = json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)["engine_stats"]["read"]
+    assert (after - before > 0) == (want == "direct")
+
+
+def test_shared_writable_mmap_of_writable_open(d, mnt):
+    """Where read-only opens go direct (the kernel maps direct_io files: native engine), a file
+    open for writing may be mapped shared-writable and its bytes arrive (tests/test_writers.py
+    checks their durability); elsewhere refused with ENODEV, as for every direct_io file."""
     p = d / "f"
     p.write_bytes(b"abc" * 4096)
+    want = bytearray(b"abc" * 4096)
     with open(p, "r+b") as f:
-        with pytest.raises(OSError) as info:
-            mmap.mmap(f.fileno(), 0)
-        assert info.value.errno == errno.ENODEV
+        if _reads(mnt) == "direct":
+            want[4096:4099] = b"XYZ"
+            with mmap.mmap(f.fileno(), 0) as m:
+                m[4096:4099] = b"XYZ"
+        else:
+            with pytest.raises(OSError) as info:
+                mmap.mmap(f.fileno(), 0)
+            assert info.value.errno == errno.ENODEV
         # a private (copy-on-write) mapping works, and writing to it changes nothing on disk
         with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
             assert m[:6] == b"abcabc"
             m[:3] = b"XYZ"
-    assert p.read_bytes()[:6] == b"abcabc"
+    assert p.read_bytes() == want
 
 
 def test_timestamps(d):

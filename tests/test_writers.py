@@ -6,6 +6,7 @@ module; each test removes what it wrote so the devices do not fill up.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -126,6 +127,34 @@ def test_torch_distributed_checkpoint(d):
     target = {k: torch.zeros_like(v) for k, v in sd.items()}
     dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
     assert_same(sd2, target)
+
+
+def test_numpy_memmap_written_in_place_counts_from_flush_or_close(ckpt):
+    """np.memmap(mode="w+"/"r+") maps a file open for writing shared-writable. Where the kernel
+    allows that for direct_io files (native engine: status says reads direct) its bytes count as
+    writes: durable at flush() (msync: an fsync), committed at close; bytes written to the
+    mapping after the last flush are lost by a crash, as unsynced writes are. Elsewhere refused."""
+    p = ckpt.path / "m.f32"
+    shape = (3 * MiB // 4 + 5,)  # ~3 MiB: several chunks, the last one partly
+    if json.loads(ckptfs("status", str(ckpt.path), "--json", check=True).stdout)["reads"] != "direct":
+        with pytest.raises(OSError) as info:
+            np.memmap(p, dtype=np.float32, mode="w+", shape=shape)
+        assert info.value.errno == errno.ENODEV
+        return
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    m = np.memmap(p, dtype=np.float32, mode="w+", shape=shape)
+    m[:] = a
+    del m  # munmap and close: committed
+    np.testing.assert_array_equal(np.fromfile(p, dtype=np.float32), a)
+    m = np.memmap(p, dtype=np.float32, mode="r+", shape=shape)
+    m[:] = b
+    m.flush()  # durable now
+    m[: shape[0] // 2] = 0  # never flushed or closed
+    ckpt.kill()
+    ckpt.mount()
+    np.testing.assert_array_equal(np.fromfile(p, dtype=np.float32), b)
+    del m  # its pages belonged to the mount that died
 
 
 def test_numpy_save_load_savez(d):

@@ -9,9 +9,13 @@ testable byte by byte with no mount.
 
 Open handles remember how the file was opened (append, writable). Files
 opened for writing are served with direct_io (no page cache in front, the
-fast path measured in docs/PERFORMANCE.md); read-only opens may keep the kernel
-page cache when the data has not changed since the previous read-only open,
-so mmap readers (safetensors, torch.load(mmap=True)) work and stay coherent.
+fast path measured in docs/PERFORMANCE.md). Read-only opens too where the
+front end can still map such files shared (`direct_reads`: the native engine
+with the kernel's FUSE_DIRECT_IO_ALLOW_MMAP): a READ's reply then lands in the
+reader's own buffer, not in fresh page-cache pages that the reader copies out
+of again. Elsewhere (pyfuse3) read-only opens use the page cache, kept when the
+data has not changed since the previous read-only open, so mmap readers
+(safetensors, torch.load(mmap=True)) work and stay coherent.
 
 Set-user-ID and set-group-ID bits: a write, a truncate or an open with O_TRUNC
 by a caller without CAP_FSETID clears them, by Linux's rules
@@ -127,6 +131,7 @@ class Filesystem:
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._cached_version: dict[int, int] = {}  # ino -> data version the page cache holds
+        self.direct_reads = False  # read-only opens direct_io too (set by the front end at INIT)
         self._writers: dict[int, int] = {}  # ino -> open writable handles
 
     # ---- lifetime ------------------------------------------------------
@@ -149,6 +154,8 @@ class Filesystem:
         inode.opens += 1
         if writable:
             self._writers[inode.ino] = self._writers.get(inode.ino, 0) + 1
+            return OpenResult(fh, direct_io=True, keep_cache=False)
+        if self.direct_reads:
             return OpenResult(fh, direct_io=True, keep_cache=False)
         keep = (not self._writers.get(inode.ino)
                 and self._cached_version.get(inode.ino) == inode.version)

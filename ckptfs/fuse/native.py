@@ -116,6 +116,10 @@ class TrioHandler:
         self.shifted = 0  # WRITEs read into a shifted run
         self.shifted_adopted = 0  # ... whose first piece was adopted (its chunk's head copied in)
 
+    def init(self, neg) -> None:
+        # once, from Session.start, before any worker runs: no turn, no lock
+        self.ops.init(neg)
+
     def __getattr__(self, name: str):
         op = getattr(type(self.ops), name, None) if not name.startswith("_") else None
         if op is None:

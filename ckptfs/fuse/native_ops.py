@@ -34,6 +34,15 @@ truncate to the filesystem and says nothing on a chown(-1, -1), which on
 ext4 clears set-user-ID (tests/test_ext4_parity.py). A WRITE still says
 whether the writer lacks CAP_FSETID (FUSE_WRITE_KILL_SUIDGID, sent for every
 direct_io write): that flag decides, the writer rather than the opener.
+
+Reads: the engine also asks for FUSE_DIRECT_IO_ALLOW_MMAP (`WANT`). Where the
+kernel grants it, read-only opens are direct_io too (`init`, core's
+`direct_reads`): a READ's reply is copied once, from the arena slot into the
+reader's buffer, instead of into fresh page-cache pages first; mmap of such an
+open, shared or private, still works through the page cache (the kernel drops
+the file's cached pages at each new mapping). It also lets a file open for
+writing be mapped shared-writable: its dirty pages come back as WRITEs and
+count from the next close or fsync, like any write (docs/SEMANTICS.md).
 """
 from __future__ import annotations
 
@@ -51,8 +60,9 @@ from .kernel import abi
 from .kernel.negotiate import DEFAULT_WANT
 from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut
 
-# What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2 (see above).
-WANT = DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2
+# What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2, and
+# DIRECT_IO_ALLOW_MMAP (see above).
+WANT = (DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2) | abi.FUSE_DIRECT_IO_ALLOW_MMAP
 
 
 # "no such name", cached by the kernel for ENTRY_TIMEOUT (common.py)
@@ -73,6 +83,11 @@ class Operations:
     def __init__(self, afs: AsyncFilesystem):
         self.afs = afs
         self.chunk_size = afs.fs.arena.chunk_size
+
+    def init(self, neg) -> None:
+        """INIT answered (kernel.negotiate.Negotiated): read-only opens go direct where the kernel
+        still maps direct_io files shared (see the module docstring)."""
+        self.afs.fs.direct_reads = neg.has(abi.FUSE_DIRECT_IO_ALLOW_MMAP)
 
     # ---- conversions -------------------------------------------------------
     def _attr(self, inode: Inode) -> Attr:

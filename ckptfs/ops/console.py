@@ -79,6 +79,8 @@ def render(st: dict, limit: int = 20):
     head.append(f"  daemon pid {st.get('pid')}  up {human_seconds(st.get('uptime'))}")
     if st.get("engine"):
         head.append(f"  engine {st['engine']}" + (f" ({st['threads']} threads)" if st.get("engine") == "native" else ""))
+        if st.get("reads"):
+            head.append(f", reads {st['reads']}")
     es = st.get("engine_stats")
     if es:
         head.append(f"  requests <= {human_bytes(es.get('max_write', 0))}, {es.get('write', 0)} writes: "

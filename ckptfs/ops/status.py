@@ -27,7 +27,8 @@ counts its bytes but cannot know when that will be.)
 The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
 
     schema, mountpoint, devices, pid, control, metrics_url, time, uptime,
-    engine            the FUSE front end: pyfuse3 or native; threads: its worker threads
+    engine            the FUSE front end: pyfuse3 or native; threads: its worker threads;
+                      reads: direct (read-only opens bypass the page cache) or page cache
     interval          the seconds the rates cover
     pool              capacity, used, chunk_size, devices: [{index, path, capacity,
                       used, health (ok | errors | failing: errors in the last

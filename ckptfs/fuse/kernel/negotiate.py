@@ -28,7 +28,7 @@ What `DEFAULT_WANT` asks for and why:
 Not asked for: WRITEBACK_CACHE (the page cache in front halves absorb throughput, see
 the field notes), SPLICE_* (the readv/writev path needs no splice), POSIX_LOCKS/FLOCK
 (the kernel handles locks locally), PASSTHROUGH (needs backing files; not wired yet),
-DIRECT_IO_ALLOW_MMAP (would change the documented mmap semantics), SETXATTR_EXT,
+DIRECT_IO_ALLOW_MMAP (a filesystem's choice: ckptfs's native_ops.WANT adds it), SETXATTR_EXT,
 SECURITY_CTX, CREATE_SUPP_GROUP (request extensions nobody here uses), HAS_RESEND.
 """
 from __future__ import annotations
