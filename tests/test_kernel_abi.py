@@ -398,6 +398,19 @@ def test_negotiate_request_size():
     assert out.max_write == 4096
 
 
+def test_negotiate_reads_larger_than_writes():
+    """max_read: max_pages covers it (with the spare page) within the limit; max_write stays."""
+    flags = abi.FUSE_ASYNC_READ | abi.FUSE_INIT_EXT | abi.FUSE_MAX_PAGES
+    kw = dict(max_write=4 << 20, grain=1 << 20, max_read=16 << 20)
+    for limit, pages in ((4097, 4097), (65535, 4097), (2000, 2000), (1025, 1025)):
+        out, neg = negotiate(init_req(flags), max_pages_limit=limit, **kw)
+        assert (out.max_write, out.max_pages) == (4 << 20, pages) == (neg.max_write, neg.max_pages)
+    out, _ = negotiate(init_req(flags), max_pages_limit=4097, max_write=4 << 20, max_read=1 << 20)
+    assert out.max_pages == 1025  # never fewer pages than writes need
+    out, _ = negotiate(init_req(abi.FUSE_ASYNC_READ | abi.FUSE_INIT_EXT), max_pages_limit=4097, **kw)
+    assert out.max_pages == 0  # no MAX_PAGES offered: the kernel's default
+
+
 @pytest.mark.parametrize("limit, want", [
     (1025, (4 << 20, 1025)),   # raised as root: 4 chunks and the spare page
     (65535, (4 << 20, 1025)),

@@ -78,6 +78,7 @@ INTERRUPTIBLE = frozenset({"fsync", "fsyncdir", "syncfs"})
 # Chunks per request (max_write), each read into its own lent slot: fewer, larger requests cost
 # less Python per GiB (docs/ENGINE.md). Fewer where the arena is small (`request_chunks`).
 REQUEST_CHUNKS = 4
+READ_CHUNKS = 16  # direct READs up to this many chunks (max_pages): a sync read() is one request at a time
 
 
 def request_chunks(nslots: int, threads: int, most: int = REQUEST_CHUNKS) -> int:
@@ -336,11 +337,14 @@ class NativeEngine:
         root = os.geteuid() == 0
         # requests of several whole chunks; as root the max_pages sysctl is raised to one page more
         # (max_pages), so unaligned writers' requests stay whole chunks on the chunk grid and are
-        # adopted too; where the limit is lower, as many whole chunks as fit (docs/ENGINE.md)
+        # adopted too; where the limit is lower, as many whole chunks as fit (docs/ENGINE.md); and
+        # further, for direct READs of up to READ_CHUNKS chunks (a WRITE is still cut at max_write)
         self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
                                default_permissions=True, want=WANT,
                                max_write=arena.chunk_size * request_chunks(arena.nslots, threads, request_chunks_most),
-                               grain=arena.chunk_size, raise_max_pages=root, write_buffer=self.handler.write_buffer,
+                               grain=arena.chunk_size, raise_max_pages=root,
+                               max_read=arena.chunk_size * request_chunks(arena.nslots, threads, READ_CHUNKS),
+                               write_buffer=self.handler.write_buffer,
                                after_reply=None if loop is None else loop.kick,
                                on_read=self.handler.on_read)
         self.handler.session = self.session
@@ -383,6 +387,7 @@ class NativeEngine:
         stats["shifted_adopted"] = self.handler.shifted_adopted
         if self.session.negotiated is not None:
             stats["max_write"] = self.session.negotiated.max_write
+            stats["max_pages"] = self.session.negotiated.max_pages
         stats["order_gaps"] = self.session.order.gaps
         if self.loop is not None:
             stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})

@@ -68,7 +68,8 @@ class Negotiated:
 
 def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
               max_pages_limit: int = 256, page_size: int = abi.PAGE_SIZE,
-              max_background: int = 64, max_readahead: int | None = None) -> tuple[InitOut, Negotiated]:
+              max_background: int = 64, max_readahead: int | None = None,
+              max_read: int | None = None) -> tuple[InitOut, Negotiated]:
     """The INIT reply and the agreement, or ProtocolError for a kernel we cannot speak to.
 
     `max_write`: the largest WRITE wanted (default: the largest power of two the kernel allows;
@@ -76,6 +77,9 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
     `grain`: with a `max_write` of several grains (chunks), the limit may cut it: it is then the
     most whole grains that fit with the spare page (below), and one grain where none does (e.g.
     4 chunks wanted, limit 257: 1 chunk and 257 pages; limit 1024: 3 chunks and 769 pages).
+    `max_read`: the largest direct_io READ wanted, where larger than max_write. A WRITE is cut
+    at max_write, a direct READ only at max_pages, so max_pages may exceed what writes need
+    (again with a spare page: a reader's buffer need not be page-aligned), within the limit.
     """
     if req.major != abi.KERNEL_VERSION:
         raise ProtocolError(f"kernel speaks FUSE {req.major}.{req.minor}, this server {abi.KERNEL_VERSION}.x")
@@ -102,7 +106,8 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
     # not page-aligned spans one page more, and the kernel cuts requests at max_pages, so
     # without the spare page a 1 MiB write() from malloc'd memory arrives as 1 MiB - 16 bytes
     # + 16 bytes and every later request is off the chunk grid.
-    pages = min(limit, (size + page_size - 1) // page_size + 1) if flags & abi.FUSE_MAX_PAGES else 0
+    pages = min(limit, (max(size, max_read or 0) + page_size - 1) // page_size + 1) \
+        if flags & abi.FUSE_MAX_PAGES else 0
     readahead = req.max_readahead if max_readahead is None else min(max_readahead, req.max_readahead)
     background = max(1, min(max_background, 0xFFFF))
     out = InitOut(major=abi.KERNEL_VERSION, minor=minor, max_readahead=readahead, flags=flags,

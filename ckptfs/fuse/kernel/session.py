@@ -125,7 +125,7 @@ class Session:
     def __init__(self, handler, mountpoint: str, *, threads: int | None = None, fsname: str = "ckptfs",
                  subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
                  want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
-                 raise_max_pages: bool = False,
+                 raise_max_pages: bool = False, max_read: int | None = None,
                  write_buffer=None, after_reply=None, on_read=None, use_fusermount: bool | None = None):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
@@ -135,6 +135,7 @@ class Session:
         self.want, self.max_write = want, max_write
         self.grain = grain  # max_write stays a whole number of these (chunks) when the limit cuts it
         self.raise_max_pages = raise_max_pages
+        self.max_read = max_read  # direct_io READs up to this (max_pages beyond max_write's), see negotiate
         self.write_buffer = write_buffer
         self.after_reply = after_reply
         self.on_read = on_read
@@ -156,7 +157,7 @@ class Session:
     def mount(self) -> None:
         limit = _mount.max_pages_limit()
         if self.raise_max_pages and self.max_write and os.geteuid() == 0:
-            limit = _mount.raise_max_pages_limit(-(-self.max_write // abi.PAGE_SIZE) + 1)
+            limit = _mount.raise_max_pages_limit(-(-max(self.max_write, self.max_read or 0) // abi.PAGE_SIZE) + 1)
         self._pages_limit = limit
         options = dict(uid=os.getuid(), gid=os.getgid(), allow_other=self.allow_other,
                        default_permissions=self.default_permissions)
@@ -198,7 +199,7 @@ class Session:
             raise ProtocolError(f"the first request is opcode {h.opcode}, not INIT")
         try:
             out, neg = negotiate(req, want=self.want, max_write=self.max_write, grain=self.grain,
-                                 max_pages_limit=self._pages_limit)
+                                 max_pages_limit=self._pages_limit, max_read=self.max_read)
             init = getattr(self.handler, "init", None)
             if init is not None:
                 init(neg)
