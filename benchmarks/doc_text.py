@@ -70,6 +70,8 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     absorb_cpu = _get(absorb_rows[0] if absorb_rows else {}, "daemon_cpu_s_per_gib", "ckptfs-pyfuse3")
     rest = _get(results, "restore", "rows", "ckptfs-pyfuse3@1", default={}) or {}
     read_cpu = _get(rest, "read_daemon_cpu_s_per_gib", "median")
+    rest_native = _get(results, "restore", "rows", "ckptfs-native@1", default={}) or {}
+    read_cpu_native = _get(rest_native, "read_daemon_cpu_s_per_gib", "median")
     train = results.get("training") or {}
     ckpt_mib = (_get(train, "config", "checkpoint_bytes") or 0) / 2**20
     step_daemon = _get(train, "rows", "ckptfs@1", "daemon_cpu_s", "median")
@@ -139,7 +141,12 @@ cores that CPU is the overhead beyond the floor.
 the chunks from the devices with O_DIRECT (read-ahead in runs of up to 4
 chunks per `preadv`), verifies their crc32c and writes the reply from the
 arena slot: {_num(read_cpu)} daemon CPU seconds
-per GiB for a plain read here. From ext4 a cold read is the kernel's readahead
+per GiB for a plain read here with pyfuse3, whose read-only opens go through
+the page cache, and {_num(read_cpu_native)} with the native engine, whose
+read-only opens are direct_io (one copy, into the reader's buffer, in READs
+of up to 16 MiB; docs/ENGINE.md, "Direct reads"). The daemon's share is
+mostly that kernel copy, which on a reader from ext4 is the reader's own.
+From ext4 a cold read is the kernel's readahead
 from the virtio disk with no user-space hop. `torch.load` adds its own
 unpickling and a fresh allocation for every tensor on top of both; from ext4
 that is nearly all system time (page-cache fill, page faults, copies), which

@@ -45,6 +45,11 @@ def mib_rate(bps: float) -> str:
     return f"{bps / 2**20:.0f} MiB/s ({human_rate(bps)})"
 
 
+def _same_machine(a: dict, b: dict) -> bool:
+    """Results from one kind of machine (a case run again later on another one says so)."""
+    return all(a.get(k) == b.get(k) for k in ("cores", "cpu", "ram_gib", "kernel"))
+
+
 def machine_line(m: dict) -> str:
     d = m.get("disk", {})
     disk = f"{d.get('fstype', '?')} on {d.get('source', '?')}" + (f" ({d['scheduler']})" if d.get("scheduler") else "")
@@ -376,6 +381,8 @@ def build(status: dict | None = None) -> dict:
                 plots[case] = str(PLOTS[case](d, plt))
             except Exception as e:  # noqa: BLE001 - a broken plot must not lose the tables
                 print(f"report: plot {case} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    first = next((d for d in results.values() if d), None)
+    machine = machine_line(first["machine"]) if first else "–"
     sections = []
     for case in CASES:
         title, fn = SECTIONS[case]
@@ -385,9 +392,8 @@ def build(status: dict | None = None) -> dict:
             sections.append(f"### {title}\n\nNo results{why}.")
             continue
         img = f"\n\n![{case}](../benchmarks/results/{case}.png)" if case in plots else ""
-        sections.append(f"### {title}\n\n_{d['when']}, {d.get('seconds', 0):.0f} s_\n\n{fn(d)}{img}")
-    first = next((d for d in results.values() if d), None)
-    machine = machine_line(first["machine"]) if first else "–"
+        where = "" if _same_machine(d["machine"], first["machine"]) else f"; on another machine: {machine_line(d['machine'])}"
+        sections.append(f"### {title}\n\n_{d['when']}, {d.get('seconds', 0):.0f} s{where}_\n\n{fn(d)}{img}")
     targets = targets_md(results)
     checks = results.get("samepath", {}) or {}
     summary_md = (f"# ckptfs benchmark suite\n\nMachine: {machine}\n\n## Targets\n\n{targets}\n\n" +
@@ -405,7 +411,9 @@ def build(status: dict | None = None) -> dict:
 def performance_md(machine: str, targets: str, sections: list[str], results: dict, status: dict | None) -> str:
     from doc_text import BOUNDS, HEADER, PROFILE, REPRODUCE
     total = sum(s.get("seconds", 0) for s in (status or {}).values())
-    ran = f"The last full run took {total / 60:.1f} minutes. " if total else ""
+    done = [c for c in CASES if c in (status or {})]
+    ran = (f"The last full run took {total / 60:.1f} minutes. " if done == list(CASES) else
+           f"The last run, of {', '.join(done)} alone, took {total / 60:.1f} minutes. " if total else "")
     return (f"{HEADER}\n\n## How to reproduce\n\n{REPRODUCE}\n\n{ran}Machine of the tables below: {machine}.\n\n"
             f"## Targets\n\n{targets}\n\n## Results\n\n" + "\n\n".join(sections) +
             f"\n\n## What bounds each number\n\n{BOUNDS(results)}\n\n"
