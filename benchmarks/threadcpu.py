@@ -6,8 +6,8 @@ times (three file names in turn, `--pause` seconds between saves, like a
 trainer checkpointing every step), waits until it is all durable, and prints
 the CPU seconds per GiB saved of the saving process and of the daemon, the
 daemon's split by thread name (/proc/PID/task/*/stat: the native engine's
-FUSE workers show as "start from ckpt", the name of the thread that started
-them; the trio thread as "python"; trio's worker threads, the drain's and
+FUSE workers show as "ckptfs-fuse N" (kernel/mount.py name_thread); the
+trio thread as "python"; trio's worker threads, the drain's and
 the journal's, as "Trio thread N"), and the native engine's counts
 of adopted and copied WRITE pieces. A diagnostic, not a `make bench` case: no
 targets, no results file. The saves are in one process, so the figures also

@@ -56,6 +56,8 @@ def memfs(tmp_path):
 def test_names_and_attributes(memfs):
     fs, s, mnt = memfs
     assert is_mounted(mnt) and s.alive() == 4 and s.negotiated.max_write >= 128 << 10
+    comms = {(Path("/proc/self/task") / t / "comm").read_text().strip() for t in os.listdir("/proc/self/task")}
+    assert {f"ckptfs-fuse {i}" for i in range(4)} <= comms  # named for top -H and perf
     (mnt / "d" / "e").mkdir(parents=True)
     f = mnt / "d" / "e" / "f"
     f.write_bytes(b"hello")

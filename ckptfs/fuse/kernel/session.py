@@ -317,6 +317,7 @@ class Session:
         return [own]
 
     def _worker(self, index: int, fd: int) -> None:
+        _mount.name_thread(f"{self.fsname}-fuse {index}")
         hdr = bytearray(abi.WRITE_HEADER_SIZE)
         head = memoryview(hdr)
         own = memoryview(bytearray(self.payload_size))
