@@ -30,12 +30,12 @@ from mounting import CkptMount, poll
 pytestmark = pytest.mark.mount
 WRITER = Path(__file__).with_name("lag_writer.py")
 MAX_LAG = float(os.environ.get("CKPTFS_TEST_MAX_LAG", "1.0"))
-# Draining and committing what was pending once the oldest record became overdue, on a loaded
-# 2-core machine. At that moment everything pending becomes unvoidable (store/ordering.py), i.e.
-# up to MAX_LAG seconds of back-to-back 16 MiB saves (~0.5 GB here), drained while the writer
-# keeps saving. 2.0 s was too little on an AMD EPYC VM (2026-12-02): the daemon's own lag peaked
-# at 2.87-3.40 s over six 8 s runs, and the SIGKILL test failed 1 run in 3-4 at 3.0-3.1 s, with
-# and without that day's changes. An unbounded lag (the bug this file guards) still fails both.
+# Draining and committing what was pending once the oldest record became overdue (at that moment
+# everything pending becomes unvoidable: store/ordering.py), while the writer keeps saving 16 MiB
+# back to back on the same 2 cores. 2.0 s was too little on an AMD EPYC VM (2026-12-02): the
+# daemon's own lag peaked at 2.87-3.40 s over six 8 s runs, and the SIGKILL test failed 1 run in
+# 3-4 at 3.0-3.1 s, with and without that day's changes. An unbounded lag (the bug this file
+# guards) still fails both.
 DRAIN_ALLOWANCE = 3.5
 BOUND = MAX_LAG + DRAIN_ALLOWANCE
 
