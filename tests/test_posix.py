@@ -501,8 +501,12 @@ def test_dot_entries_listed(d):
     assert sorted(out) == [".", "..", "x"]
 
 
+def _status(mnt) -> dict:
+    return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)
+
+
 def _reads(mnt) -> str:
-    return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)["reads"]
+    return _status(mnt)["reads"]
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -521,14 +525,10 @@ def test_read_only_opens_go_direct_where_the_kernel_maps_direct_io_files(d, mnt,
     assert p.read_bytes() == data
     if engine != "native":
         return
-
-    def reads() -> int:
-        return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)["engine_stats"]["read"]
-
-    before = reads()
+    before = _status(mnt)["engine_stats"]["read"]
     with open(p, "rb", buffering=0) as f:
         assert f.read(len(data)) == data
-    n = reads() - before
+    n = _status(mnt)["engine_stats"]["read"] - before
     assert (n > 0) == (want == "direct")
     if want == "direct" and os.geteuid() == 0:  # max_pages raised: READs of up to 16 chunks
         assert n <= 4, f"{n} READ requests for 40 MiB"

@@ -68,8 +68,12 @@ def assert_same(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"tensor {k} differs"
 
 
+def _status(mnt) -> dict:
+    return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout)
+
+
 def _engine_stats(mnt) -> dict:
-    return json.loads(ckptfs("status", str(mnt.path), "--json", check=True).stdout).get("engine_stats", {})
+    return _status(mnt).get("engine_stats", {})
 
 
 def test_torch_save_load_300mb(d, mnt, engine):
@@ -136,7 +140,7 @@ def test_numpy_memmap_written_in_place_counts_from_flush_or_close(ckpt):
     mapping after the last flush are lost by a crash, as unsynced writes are. Elsewhere refused."""
     p = ckpt.path / "m.f32"
     shape = (3 * MiB // 4 + 5,)  # ~3 MiB: several chunks, the last one partly
-    if json.loads(ckptfs("status", str(ckpt.path), "--json", check=True).stdout)["reads"] != "direct":
+    if _status(ckpt)["reads"] != "direct":
         with pytest.raises(OSError) as info:
             np.memmap(p, dtype=np.float32, mode="w+", shape=shape)
         assert info.value.errno == errno.ENODEV
