@@ -525,3 +525,42 @@ def test_a_remount_without_the_object_store_serves_what_is_local_and_fails_the_r
         assert snap["state"] == "loading" and "cannot reach the object store" in snap["last_error"]
 
     _serve(again, check)
+
+
+def test_a_corrupt_chunk_fails_alone_its_neighbours_in_the_same_get_are_restored(source):
+    """One GET fetches the whole 4-chunk file; chunk 2 is corrupt on the server: chunks 0, 1 and 3
+    go into the file (a reader of them gets their bytes, even one waiting on that GET), chunk 2
+    stays missing and is EIO with the cause."""
+    import trio
+    from faulty import make_faulty
+    from s3seed import publish
+    cs = 64 << 10
+    data = os.urandom(4 * cs)
+    (source.tree / "f.bin").write_bytes(data)
+    manifest = publish(source.client, source.bucket, "node0", source.tree, chunk_size=cs)
+    key = "node0/" + next(e.object for e in manifest.entries if e.path == "f.bin")
+    bad = bytearray(data)
+    bad[2 * cs + 5] ^= 0xFF
+    source.client.put_object(Bucket=source.bucket, Key=key, Body=bytes(bad))
+    mount = _assemble(make_faulty(2, 16 << 20), format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
+
+    async def check(mount):
+        r = mount.restorer
+        with trio.fail_after(30):
+            while not r.errors_total:
+                await trio.sleep(0.01)
+        (job,) = r.jobs.values()
+        assert sorted(job.missing) == [2]
+        ino = mount.fs.ns.child(1, b"f.bin").ino
+        fh = (await mount.afs.open(ino, os.O_RDONLY)).fh
+        try:
+            assert bytes(await mount.afs.read(fh, 0, 2 * cs)) == data[:2 * cs]
+            assert bytes(await mount.afs.read(fh, 3 * cs, cs)) == data[3 * cs:]
+            with pytest.raises(FsError) as e:
+                await mount.afs.read(fh, 2 * cs, cs)
+            assert e.value.errno == errno.EIO and "checksum mismatch" in str(e.value) and "chunk 2" in str(e.value)
+        finally:
+            await mount.afs.release(fh)
+        assert "chunk 2" in r.snapshot()["last_error"]
+
+    _serve(mount, check)

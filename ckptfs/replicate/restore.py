@@ -12,7 +12,8 @@ fetched yet, never the zeros of a hole, and the facade awaits `demand()`.
 Fetching. A chunk is fetched with a ranged GET of its bytes in the file's
 object (consecutive chunks share one GET, at most RUN_BYTES), in a worker
 thread that also checks each chunk's CRC-32C against the manifest: a mismatch
-is an error naming the object, the chunk and the file, never served. The
+is an error naming the object, the chunk and the file, never served, and
+fails that chunk alone (the others of the same GET are delivered). The
 bytes then go into the file with `FileData.fill` (the write path, past the
 gate), so they drain to the devices and become durable like any write.
 Demand fetches (a read that waits) have their own slots (`DEMAND_SLOTS`), so
@@ -53,7 +54,7 @@ from collections import deque
 import crc32c
 import trio
 
-from ..errors import ChecksumMismatch, DevicesFull, FsError, NoSpace
+from ..errors import DevicesFull, FsError, NoSpace
 from ..fs.filemap import NeedsFetch
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
 from ..fs.remote import NeedsRestore, Remote
@@ -140,8 +141,10 @@ class Rate:
 
 
 def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], first: int,
-               chunk_size: int, what: str) -> bytes:
-    """In a worker thread: bytes [start, end) of the object, each chunk checked against its CRC-32C."""
+               chunk_size: int, what: str) -> tuple[bytes, dict[int, str]]:
+    """In a worker thread: bytes [start, end) of the object, each chunk checked against its CRC-32C.
+    Returns the bytes and, for each chunk whose CRC does not match, why: a corrupt chunk fails
+    alone, its neighbours in the same GET are still good (a reader of those must not get EIO)."""
     try:
         data = target.get(obj, start, end)
     except S3Error as e:
@@ -151,13 +154,14 @@ def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], 
         raise RestoreError(f"short read of s3://{bucket}/{key} bytes {start}-{end - 1} ({what}): "
                            f"got {len(data)} bytes, wanted {end - start}")
     view = memoryview(data)
+    bad: dict[int, str] = {}
     for k, off in enumerate(range(0, len(data), chunk_size)):
         got = crc32c.crc32c(view[off:off + chunk_size])
         if got != crcs[first + k]:
-            raise ChecksumMismatch(f"checksum mismatch restoring {what} chunk {first + k} from s3://{bucket}/{key} "
-                                   f"bytes {start + off}-{min(end, start + off + chunk_size) - 1}: "
-                                   f"manifest crc32c {crcs[first + k]:08x}, object {got:08x}")
-    return data
+            bad[first + k] = (f"checksum mismatch restoring {what} chunk {first + k} from s3://{bucket}/{key} "
+                              f"bytes {start + off}-{min(end, start + off + chunk_size) - 1}: "
+                              f"manifest crc32c {crcs[first + k]:08x}, object {got:08x}")
+    return data, bad
 
 
 class Restorer:
@@ -416,13 +420,16 @@ class Restorer:
                 await self.rate.take(end - start)
             # a slot is held until the bytes are in the file: memory in flight stays bounded
             async with self.demand_limiter if demand else self.bg_limiter:
-                data = await trio.to_thread.run_sync(
+                data, bad = await trio.to_thread.run_sync(
                     _get_range, self._target(), entry.object, start, end, entry.crcs, first, cs, what)
                 self.bytes_fetched += len(data)
-                await self._deliver(job, first, data)
+                await self._deliver(job, first, data, skip=bad)
                 del data
             for i in range(first, last + 1):
                 job.failed.pop(i, None)
+            for i, why in bad.items():
+                job.failed[i] = why
+                self.record_error(why)
         except FsError as e:
             for i in range(first, last + 1):
                 job.failed[i] = str(e)
@@ -438,13 +445,15 @@ class Restorer:
                 if event is not None:
                     event.set()
 
-    async def _deliver(self, job: FileJob, first: int, data: bytes) -> None:
-        """Write fetched chunks into the file (waiting for memory like any writer)."""
+    async def _deliver(self, job: FileJob, first: int, data: bytes, skip=()) -> None:
+        """Write fetched chunks into the file (waiting for memory like any writer), but those in `skip`."""
         view = memoryview(data)
         cs = job.chunk_size
         inode, store = job.inode, self.store
         for k, off in enumerate(range(0, len(view), cs)):
             idx = first + k
+            if idx in skip:
+                continue
             piece = view[off:off + cs]
             while True:
                 if job.gone:
