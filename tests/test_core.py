@@ -178,6 +178,25 @@ def test_filemap_truncate_down_then_up_reads_zeros(arena, down):
     assert read_all(fd, up + 4) == data[:down] + bytes(up - down + 3) + b"z"
 
 
+def test_filemap_punch_drops_whole_chunks_and_zeroes_the_ends(arena):
+    fd = FileData(arena)
+    data = os.urandom(5 * CS)
+    fd.write(0, data)
+    fd.punch(CS + 10, 3 * CS)  # chunk 1 from 10 on, chunks 2 and 3 whole, chunk 4 up to 10
+    want = data[:CS + 10] + bytes(3 * CS) + data[4 * CS + 10:]
+    assert read_all(fd, 5 * CS) == want
+    assert sorted(fd.chunks) == [0, 1, 4] and arena.used_slots == 3  # nothing of 2 and 3 drains
+    assert fd.chunks[1].hwm == 10  # the tail of what it held: its mark lowered, nothing zeroed
+    assert fd.seek(CS + 10, 5 * CS, hole=False) == 4 * CS
+    assert fd.seek(0, 5 * CS, hole=True) == CS + 10
+    fd.punch(4 * CS, CS)  # the last chunk whole: the file ends in a hole
+    assert fd.seek(CS + 10, 5 * CS, hole=False) is None and sorted(fd.chunks) == [0, 1]
+    fd.punch(10, 5)  # inside what chunk 0 holds: zeroed in place
+    assert read_all(fd, CS)[:20] == data[:10] + bytes(5) + data[15:20]
+    fd.clear()
+    arena.check_invariants()
+
+
 def test_filemap_short_write_on_nospace():
     a = Arena(3 * CS, CS, prefault=False)
     fd = FileData(a)
@@ -193,10 +212,27 @@ def test_filemap_short_write_on_nospace():
     a.check_invariants()
 
 
+def check_seek(fd: FileData, ref: bytes) -> None:
+    """Walk the file with SEEK_DATA / SEEK_HOLE: every hole reads as zeros (a copy that skips
+    holes loses nothing), and the walk ends at the end of the file."""
+    pos, size = 0, len(ref)
+    while pos < size:
+        d = fd.seek(pos, size, hole=False)
+        if d is None:
+            assert not ref[pos:].strip(b"\0"), f"data after {pos} but SEEK_DATA says none"
+            return
+        assert pos <= d < size and not ref[pos:d].strip(b"\0"), (pos, d)
+        h = fd.seek(d, size, hole=True)
+        assert d < h <= size, (d, h)
+        assert fd.seek(h - 1, size, hole=False) == h - 1
+        pos = h
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(
     st.tuples(st.just("w"), st.integers(0, 6 * CS), st.integers(0, 2 * CS + 3)),
-    st.tuples(st.just("t"), st.integers(0, 7 * CS), st.just(0))), max_size=25))
+    st.tuples(st.just("t"), st.integers(0, 7 * CS), st.just(0)),
+    st.tuples(st.just("p"), st.integers(0, 7 * CS), st.integers(1, 3 * CS + 5))), max_size=25))
 def test_filemap_matches_bytearray(ops):
     a = Arena(32 * CS, CS, prefault=False)
     fd = FileData(a)
@@ -209,6 +245,11 @@ def test_filemap_matches_bytearray(ops):
             if off + n > len(ref):
                 ref.extend(bytes(off + n - len(ref)))
             ref[off:off + n] = buf
+        elif kind == "p":
+            if off < len(ref):
+                end = min(off + n, len(ref))
+                fd.punch(off, end - off)
+                ref[off:end] = bytes(end - off)
         else:
             if off < len(ref):
                 fd.truncate(off)
@@ -216,6 +257,7 @@ def test_filemap_matches_bytearray(ops):
             else:
                 ref.extend(bytes(off - len(ref)))
         assert read_all(fd, len(ref)) == bytes(ref)
+        check_seek(fd, bytes(ref))
     fd.clear()
     assert a.used_slots == 0
     a.close()
@@ -512,6 +554,36 @@ def test_fs_write_read_truncate(fs):
     assert errno_of(fs.setattr, ROOT_INO, size=0) == errno.EISDIR
     assert errno_of(fs.truncate, inode, -1) == errno.EINVAL
     fs.check_invariants()
+    fs.release(fh)
+
+
+def test_fs_fallocate_modes(fs):
+    from ckptfs.fs.core import FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH, \
+        FALLOC_FL_ZERO_RANGE as ZERO
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"\xff" * (3 * CS))
+    v = inode.version
+    fs.fallocate(fh, 0, 10 * CS, 0)  # allocate: a hole to 10 chunks, nothing held
+    assert inode.size == 10 * CS and fs.arena.used_slots == 3 and inode.version > v
+    fs.fallocate(fh, 0, 20 * CS, KEEP)
+    assert inode.size == 10 * CS
+    fs.fallocate(fh, CS, CS, PUNCH | KEEP)
+    assert bytes(fs.read(fh, 0, 3 * CS)) == b"\xff" * CS + bytes(CS) + b"\xff" * CS
+    assert fs.arena.used_slots == 2
+    fs.fallocate(fh, 2 * CS + 1, 12 * CS, ZERO)  # zeroes, and extends the file
+    assert inode.size == 14 * CS + 1 and bytes(fs.read(fh, 2 * CS, 2)) == b"\xff\0"
+    fs.fallocate(fh, 20 * CS, CS, PUNCH | KEEP)  # past the end: nothing
+    assert inode.size == 14 * CS + 1
+    assert fs.seek(fh, CS, os.SEEK_DATA) == 2 * CS and fs.seek(fh, 2 * CS, os.SEEK_HOLE) == 2 * CS + 1
+    assert errno_of(fs.seek, fh, 14 * CS + 1, os.SEEK_DATA) == errno.ENXIO
+    assert errno_of(fs.seek, fh, 3 * CS, os.SEEK_DATA) == errno.ENXIO  # only a hole after it
+    assert errno_of(fs.fallocate, fh, 0, CS, 0x08) == errno.EOPNOTSUPP  # COLLAPSE_RANGE
+    assert errno_of(fs.fallocate, fh, 0, 0, 0) == errno.EINVAL
+    assert errno_of(fs.fallocate, fh, 0, 2 << 30, 0) == errno.ENOSPC  # more than the free space
+    assert inode.size == 14 * CS + 1
+    ro = fs.open(inode.ino, os.O_RDONLY).fh
+    assert errno_of(fs.fallocate, ro, 0, CS, 0) == errno.EBADF
+    fs.release(ro)
     fs.release(fh)
 
 

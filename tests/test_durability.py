@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from mounting import CkptMount, is_mounted, poll
+from syscalls import FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, fallocate
 
 pytestmark = pytest.mark.mount
 
@@ -53,6 +54,27 @@ def test_remount_restores_namespace_and_data(ckpt):
     assert st.st_nlink == 2 and st.st_mode & 0o777 == 0o600 and st.st_mtime_ns == mtime
     assert os.getxattr(ckpt.path / "hard", "user.k") == b"v"
     assert os.readlink(ckpt.path / "d" / "link") == "e/f"
+
+
+def test_fallocated_size_and_punched_holes_survive_kill_9(ckpt, engine):
+    """native engine (pyfuse3 serves no fallocate): a hole punched after the data was durable and
+    a size grown by fallocate are committed at the close, so a SIGKILL after fsync keeps them."""
+    if engine != "native":
+        pytest.skip("pyfuse3 serves no FALLOCATE")
+    p = ckpt.path / "f"
+    data = os.urandom(6 << 20)
+    p.write_bytes(data)
+    fd = os.open(p, os.O_RDWR)
+    os.fsync(fd)  # on the devices first: the punch must drop durable extents too
+    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (1 << 20) + 7, 3 << 20)
+    os.posix_fallocate(fd, 0, 10 << 20)
+    os.fsync(fd)
+    os.close(fd)
+    ckpt.kill()
+    ckpt.mount()
+    want = data[:(1 << 20) + 7] + bytes(3 << 20) + data[(4 << 20) + 7:] + bytes(4 << 20)
+    assert p.read_bytes() == want
+    assert os.stat(p).st_blocks * 512 <= (3 << 20) + (1 << 20)  # the punched chunks are gone
 
 
 def test_file_larger_than_memory_saves_with_bounded_rss(ckpt_factory):

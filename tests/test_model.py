@@ -4,12 +4,14 @@ A hypothesis state machine applies each operation (open/create with assorted
 flags, pwrite at random offsets, append, read, truncate, unlink, rename over
 files and directories, RENAME_NOREPLACE/EXCHANGE, mkdir, rmdir, link, symlink,
 chmod (set-user-ID and set-group-ID modes too), chown(-1, -1), operations on
-names over 255 bytes, writes by the unprivileged user nobody, fsync, close)
+names over 255 bytes, writes by the unprivileged user nobody, fallocate
+(allocate, keep size, punch a hole, zero a range), fsync, close)
 both to a directory on ckptfs and to a reference directory on ext4. When an
 operation fails, both sides must fail with the same errno; chown(-1, -1) must
 move ctime on both or neither; after every step the trees must agree: names,
 types, modes, sizes, link counts, contents, symlink targets, and what every
-open descriptor sees.
+open descriptor sees; and what SEEK_DATA / SEEK_HOLE call a hole on the mount
+reads as zeros.
 
 One mount per memory setting serves the whole run, with a 64 KiB chunk so small
 files cross chunk boundaries; the directories are emptied between examples.
@@ -32,6 +34,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from ext4 import ext4_tmpdir
 from mounting import CkptMount
 from nobody import as_user
+from syscalls import fallocate
 
 pytestmark = pytest.mark.mount
 
@@ -77,6 +80,26 @@ LONG_NAME_OPS = {
 
 _libc = ctypes.CDLL(None, use_errno=True)
 RENAME_FLAGS = [1, 2]  # RENAME_NOREPLACE, RENAME_EXCHANGE
+# fallocate modes: allocate, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE, ZERO_RANGE | KEEP_SIZE
+FALLOC_MODES = [0, 0x01, 0x03, 0x10, 0x11]
+
+
+def holes_read_as_zeros(fd: int) -> None:
+    """Walk `fd` with SEEK_DATA / SEEK_HOLE: what is reported as a hole reads as zeros (where
+    the holes are is the filesystem's business: ext4 keeps 4 KiB blocks, ckptfs chunks)."""
+    size = os.fstat(fd).st_size
+    pos = 0
+    while pos < size:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            assert e.errno == errno.ENXIO
+            data = size
+        assert pos <= data <= size and not os.pread(fd, data - pos, pos).strip(b"\0"), (pos, data)
+        if data == size:
+            return
+        pos = os.lseek(fd, data, os.SEEK_HOLE)
+        assert data < pos <= size
 
 
 def renameat2(old: str, new: str, flags: int) -> None:
@@ -300,6 +323,18 @@ class FsModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, MAX_FDS), size=sizes)
     def ftruncate(self, i, size):
         self.both_fd(i, os.ftruncate, size)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), mode=st.sampled_from(FALLOC_MODES), off=offsets,
+          n=sizes.filter(bool))
+    def fallocate(self, i, mode, off, n):
+        self.both_fd(i, fallocate, mode, off, n)
+
+    @precondition(lambda self: any(flags & os.O_ACCMODE != os.O_WRONLY for _, _, flags in self.fds))
+    @rule(i=st.integers(0, MAX_FDS))
+    def seek_data_and_holes(self, i):
+        readable = [fm for fm, _, flags in self.fds if flags & os.O_ACCMODE != os.O_WRONLY]
+        holes_read_as_zeros(readable[i % len(readable)])
 
     @precondition(lambda self: self.fds)
     @rule(i=st.integers(0, MAX_FDS))

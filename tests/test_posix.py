@@ -18,6 +18,8 @@ import pytest
 
 from ckptfs.format.layout import plan
 from mounting import ckptfs, reachable_mount
+from syscalls import (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
+                      fallocate)
 
 pytestmark = pytest.mark.mount
 
@@ -136,6 +138,47 @@ def test_sparse_file_holes_read_zeros(d):
         assert f.read(1 << 20) == bytes(1 << 20)
         f.seek((100 << 20) - 2)
         assert f.read() == b"\0\0tail"
+
+
+def test_fallocate_and_seek_data_hole(d, mnt, engine):
+    """native: allocating holds nothing (no zeros absorbed or drained) and refuses more than the
+    free space; a punched hole frees its chunks and reads as zeros; SEEK_DATA / SEEK_HOLE follow
+    the chunks. pyfuse3 serves neither (libfuse's FALLOCATE and LSEEK are not in pyfuse3):
+    fallocate(2) is EOPNOTSUPP and SEEK_HOLE finds the end of the file."""
+    chunk = _status(mnt)["pool"]["chunk_size"]
+    p = d / "f"
+    data = os.urandom(8 * chunk)
+    p.write_bytes(data)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        if engine != "native":
+            assert err(fallocate, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, chunk) == errno.EOPNOTSUPP
+            assert os.lseek(fd, 0, os.SEEK_HOLE) == len(data)
+            return
+        blocks = os.fstat(fd).st_blocks
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, chunk + 5, 4 * chunk)
+        want = data[:chunk + 5] + bytes(4 * chunk) + data[5 * chunk + 5:]
+        assert os.pread(fd, len(data) + 1, 0) == want
+        st = os.fstat(fd)
+        assert st.st_size == len(data) and st.st_blocks * 512 <= blocks * 512 - 3 * chunk
+        assert os.lseek(fd, 0, os.SEEK_HOLE) == chunk + 5
+        assert os.lseek(fd, chunk + 5, os.SEEK_DATA) == 5 * chunk
+        assert err(os.lseek, fd, len(data), os.SEEK_DATA) == errno.ENXIO
+        os.posix_fallocate(fd, 0, 64 * chunk)  # mode 0: the size grows, nothing is written
+        st = os.fstat(fd)
+        assert st.st_size == 64 * chunk and st.st_blocks * 512 <= blocks * 512
+        assert os.lseek(fd, 8 * chunk, os.SEEK_HOLE) == 8 * chunk
+        assert err(os.lseek, fd, 8 * chunk, os.SEEK_DATA) == errno.ENXIO
+        assert os.pread(fd, chunk, 40 * chunk) == bytes(chunk)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 63 * chunk, 2 * chunk)  # zeroes and extends
+        assert os.fstat(fd).st_size == 65 * chunk
+        free = os.statvfs(p).f_bavail * os.statvfs(p).f_frsize
+        assert err(os.posix_fallocate, fd, 0, free + 100 * chunk) == errno.ENOSPC
+        assert err(fallocate, fd, FALLOC_FL_COLLAPSE_RANGE, 0, chunk) == errno.EOPNOTSUPP
+        assert os.fstat(fd).st_size == 65 * chunk
+    finally:
+        os.close(fd)
+    assert p.read_bytes()[:len(want)] == want
 
 
 def test_truncate_and_ftruncate(d):

@@ -48,6 +48,9 @@ from .namespace import HIDDEN_XATTR, Inode, Namespace
 
 FRSIZE = 4096
 SETID = stat.S_ISUID | stat.S_ISGID
+# fallocate(2) modes (linux/falloc.h) that FUSE forwards; the kernel refuses the others itself
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+FALLOC_MODES = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
 
 
 def setid_bits_to_drop(mode: int, gid: int, caller: Caller | None) -> int:
@@ -390,6 +393,55 @@ class Filesystem:
         inode.mtime_ns = inode.ctime_ns = self.clock()
         self.durability.dirtied(inode)
         return n
+
+    def fallocate(self, fh: int, off: int, length: int, mode: int) -> None:
+        """fallocate(2) through a writable handle. Mode 0 and KEEP_SIZE allocate: ckptfs holds no
+        space for holes (its chunks take memory and device space as they are written), so this
+        only checks that the range's missing chunks fit the free space now (ENOSPC otherwise, as
+        ext4 would say) and, without KEEP_SIZE, extends the file with a hole; it reserves
+        nothing, and st_blocks does not grow. PUNCH_HOLE (with KEEP_SIZE, the kernel sees to
+        that) and ZERO_RANGE make the range read as zeros, freeing the chunks it covers
+        (FileData.punch); ZERO_RANGE without KEEP_SIZE also extends the file. Other modes:
+        EOPNOTSUPP. Raises NeedsFetch / NoSpace as a write does (nothing is half done that a
+        retry would not finish); the change is committed at the writer's close, as a write's."""
+        h = self.handle(fh)
+        if not h.writable:
+            raise fs_error(errno.EBADF)
+        if mode & ~FALLOC_MODES:
+            raise fs_error(errno.EOPNOTSUPP, "fallocate mode")
+        if off < 0 or length <= 0:
+            raise fs_error(errno.EINVAL)
+        inode = h.inode
+        if not inode.is_reg:
+            raise fs_error(errno.ENODEV)
+        end = off + length
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            if off < inode.size:
+                inode.data.punch(off, min(end, inode.size) - off)
+        else:
+            st = self.statfs()
+            if inode.data.absent_bytes(off, length) > st.bfree * st.frsize:
+                raise fs_error(errno.ENOSPC, "fallocate: not that much free space")
+            if inode.data.remote is not None:
+                inode.data.remote.check_change()
+        if not mode & FALLOC_FL_KEEP_SIZE and end > inode.size:
+            inode.size = end
+        inode.version += 1
+        inode.mtime_ns = inode.ctime_ns = self.clock()
+        self.durability.dirtied(inode)
+
+    def seek(self, fh: int, off: int, whence: int) -> int:
+        """lseek's SEEK_DATA / SEEK_HOLE (the only kinds the kernel asks the filesystem): the
+        offset, or ENXIO at or beyond the end of the file and for SEEK_DATA past the last data."""
+        if whence not in (os.SEEK_DATA, os.SEEK_HOLE):
+            raise fs_error(errno.EINVAL)
+        inode = self.handle(fh).inode
+        if off < 0 or off >= inode.size:
+            raise fs_error(errno.ENXIO)
+        pos = inode.data.seek(off, inode.size, whence == os.SEEK_HOLE)
+        if pos is None:
+            raise fs_error(errno.ENXIO)
+        return pos
 
     def wrote_from(self, fh: int, owner: int) -> None:
         """A write through `fh` came from lock owner `owner` (the writer's file-descriptor table)."""

@@ -76,7 +76,9 @@ class AsyncFilesystem:
         self.backend = backend or Backend()
 
     async def _fetching(self, fn, *args, **kw):
-        """fn(*args) retried after loading what it needs from the devices."""
+        """fn(*args) retried after loading what it needs from the devices, or after waiting for
+        memory (a truncate or a punched hole that must copy a chunk a commit holds); `fn` must
+        be safe to call again after any of those. NoSpace when room never comes."""
         while True:
             try:
                 return fn(*args, **kw)
@@ -84,6 +86,9 @@ class AsyncFilesystem:
                 await self.backend.restore(e)
             except NeedsFetch as e:
                 await self.backend.fetch(e.chunks)
+            except NoSpace as e:
+                if not await self.backend.room(isinstance(e, DevicesFull)):
+                    raise
 
     def blocks(self, inode: Inode) -> int:
         """st_blocks: the 512-byte blocks the file holds."""
@@ -255,6 +260,19 @@ class AsyncFilesystem:
                         raise
         finally:
             self.backend.absorbed(done)
+
+    def fallocate_nowait(self, fh: int, off: int, length: int, mode: int) -> None:
+        """Raises NeedsFetch / NoSpace when it must wait (then call `fallocate`)."""
+        self.fs.fallocate(fh, off, length, mode)
+
+    async def fallocate(self, fh: int, off: int, length: int, mode: int) -> None:
+        await self._fetching(self.fs.fallocate, fh, off, length, mode)
+
+    def seek_nowait(self, fh: int, off: int, whence: int) -> int:
+        return self.fs.seek(fh, off, whence)
+
+    async def seek(self, fh: int, off: int, whence: int) -> int:
+        return self.seek_nowait(fh, off, whence)
 
     def can_lend(self, keep_free: int) -> bool:
         """Might `lend_slot` give a slot? (Read without the lock: a wrong guess costs one lock.)"""

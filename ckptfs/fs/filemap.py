@@ -337,15 +337,73 @@ class FileData:
         keep_idx, inner = divmod(new_size, cs)
         for idx in [i for i in self.chunks if i > keep_idx or (i == keep_idx and inner == 0)]:
             self.owner.chunk_dropped(self.chunks.pop(idx))
-        chunk = self.chunks.get(keep_idx)
-        if chunk is not None and chunk.hwm > inner:
+        self._cut(keep_idx, inner)
+
+    def _cut(self, idx: int, at: int) -> None:
+        """Chunk `idx` reads as zeros from `at` on (its high-water mark lowered; copied first when
+        a commit or a reply holds it). NeedsFetch when its bytes are only on a device."""
+        chunk = self.chunks.get(idx)
+        if chunk is not None and chunk.hwm > at:
             if chunk.slot is None:
                 raise NeedsFetch([chunk])
             if chunk.pins or chunk.readers:
-                chunk = self._writable_chunk(keep_idx, whole=False)
-            chunk.hwm = inner
+                chunk = self._writable_chunk(idx, whole=False)
+            chunk.hwm = at
             chunk.gen += 1
             self.owner.chunk_changed(chunk)
+
+    def punch(self, off: int, length: int) -> None:
+        """[off, off+length) reads as zeros: chunks wholly inside (or whose bytes all lie inside)
+        are dropped, becoming holes, so nothing of them drains; a chunk whose held bytes end
+        inside the range has its high-water mark lowered; one whose bytes go on past it has the
+        range zeroed in place (the write path: NoSpace when that needs a copy and memory is full).
+        NeedsFetch as `write`. Idempotent, so a caller retries the whole call after either."""
+        if self.remote is not None:
+            self.remote.check_change()
+        for idx, inner, n in list(self._pieces(off, length)):
+            chunk = self.chunks.get(idx)
+            if chunk is None or inner >= chunk.hwm:
+                continue  # a hole there already
+            if inner == 0 and n >= chunk.hwm:
+                self.owner.chunk_dropped(self.chunks.pop(idx))
+            elif inner + n >= chunk.hwm:
+                self._cut(idx, inner)
+            else:
+                self.fill(idx * self._cs + inner, self._zeros[:n])
+
+    def absent_bytes(self, off: int, length: int) -> int:
+        """Bytes of [off, off+length) in chunks the file does not have (what allocating the range
+        would take, counted in whole chunks as the devices allocate them)."""
+        if length <= 0:
+            return 0
+        first, last = off // self._cs, (off + length - 1) // self._cs
+        have = sum(1 for i in self.chunks if first <= i <= last)
+        return (last - first + 1 - have) * self._cs
+
+    def seek(self, off: int, file_size: int, hole: bool) -> int | None:
+        """lseek's SEEK_HOLE (`hole`) or SEEK_DATA from `off` (0 <= off < file_size): data is what
+        chunks hold below their high-water marks, the rest holes; the end of the file counts as
+        a hole. None: no data at or after `off` (ENXIO). A file still being restored is data
+        throughout (its map does not say yet where its holes are)."""
+        cs = self._cs
+        if self.remote is not None:
+            return file_size if hole else off
+        if hole:
+            pos = off
+            while pos < file_size:
+                idx, inner = divmod(pos, cs)
+                chunk = self.chunks.get(idx)
+                if chunk is None or inner >= chunk.hwm:
+                    return pos
+                pos = idx * cs + chunk.hwm
+            return file_size
+        idx, inner = divmod(off, cs)
+        chunk = self.chunks.get(idx)
+        if chunk is not None and inner < chunk.hwm:
+            return off
+        later = [i for i, c in self.chunks.items() if i > idx and c.hwm]
+        pos = min(later) * cs if later else file_size
+        return pos if pos < file_size else None
 
     def clear(self) -> None:
         for chunk in self.chunks.values():

@@ -58,7 +58,8 @@ from ..fs.namespace import Inode
 from .common import ATTR_TIMEOUT, ENTRY_TIMEOUT
 from .kernel import abi
 from .kernel.negotiate import DEFAULT_WANT
-from .kernel.replies import Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut
+from .kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut,
+                             WriteOut)
 
 # What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2, and
 # DIRECT_IO_ALLOW_MMAP (see above).
@@ -149,7 +150,7 @@ class Operations:
             kw["caller"] = self._caller(req)
         try:
             return self._attr_out(self.afs.setattr_nowait(req.nodeid, **kw))
-        except NeedsFetch:
+        except (NoSpace, NeedsFetch):
             raise Blocked(self.setattr_wait, req, kw) from None
 
     async def setattr_wait(self, req, kw: dict) -> AttrOut:
@@ -253,6 +254,18 @@ class Operations:
     def _kill(req) -> bool | None:
         # the flag present: the writer lacks CAP_FSETID; absent: the opener decides (as with pyfuse3)
         return True if req.write_flags & abi.FUSE_WRITE_KILL_SUIDGID else None
+
+    def fallocate(self, req) -> None:
+        try:
+            self.afs.fallocate_nowait(req.fh, req.offset, req.length, req.mode)
+        except (NoSpace, NeedsFetch):
+            raise Blocked(self.fallocate_wait, req) from None
+
+    async def fallocate_wait(self, req) -> None:
+        await self.afs.fallocate(req.fh, req.offset, req.length, req.mode)
+
+    def lseek(self, req) -> LseekOut:
+        return LseekOut(self.afs.seek_nowait(req.fh, req.offset, req.whence))
 
     def flush(self, req) -> None:
         self.afs.flush_nowait(req.fh, req.lock_owner)

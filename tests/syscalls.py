@@ -1,0 +1,22 @@
+"""System calls that Python's os module lacks, through libc (x86_64 Linux)."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+# fallocate(2) modes (linux/falloc.h)
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_COLLAPSE_RANGE = 0x08
+FALLOC_FL_ZERO_RANGE = 0x10
+
+
+def fallocate(fd: int, mode: int, off: int, length: int) -> None:
+    """fallocate(2) itself, any mode (os.posix_fallocate is mode 0, and glibc writes zeros where
+    the filesystem says EOPNOTSUPP)."""
+    if _libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
