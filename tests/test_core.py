@@ -6,6 +6,7 @@ Each test drives the sans-I/O pieces directly (the way h11 is tested) and calls
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import stat
@@ -1000,3 +1001,36 @@ def test_a_shifted_first_piece_over_a_chunk_only_on_a_device_is_not_adopted():
     assert e.value.chunks == [chunk] and inode.data.chunks[0] is chunk and arena.is_lent(slots[0])
     arena.unlend(slots[0])
     fs.check_invariants()
+
+
+def test_facade_a_truncate_that_must_copy_a_held_chunk_waits_for_memory():
+    """A truncate into a chunk a READ reply still holds copies it first; with the arena full that
+    raises NoSpace inside the core: the facade waits for room and retries (it used to fail the
+    truncate with ENOSPC), and fails only when room never comes."""
+    import trio
+    from ckptfs.fs.facade import AsyncFilesystem, Backend
+    a = Arena(2 * CS, CS, prefault=False)
+    fs = Filesystem(a, capacity_bytes=1 << 30)
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"x" * (2 * CS))  # every slot taken
+    pinned = fs.read_pinned(fh, CS, 10)  # a reply in flight holds chunk 1
+    waits = []
+
+    async def room(devices_full: bool) -> bool:
+        waits.append(devices_full)
+        fs.owner.read_done(pinned.chunks)  # the reply went out
+        return True
+
+    afs = AsyncFilesystem(fs, Backend(room=room))
+    trio.run(functools.partial(afs.setattr, inode.ino, size=CS + 5))
+    assert waits == [False] and inode.size == CS + 5 and bytes(fs.read(fh, CS, 10)) == b"x" * 5
+    pinned = fs.read_pinned(fh, CS, 5)
+
+    async def never(devices_full: bool) -> bool:
+        return False
+
+    with pytest.raises(NoSpace):
+        trio.run(functools.partial(AsyncFilesystem(fs, Backend(room=never)).setattr, inode.ino, size=CS + 2))
+    fs.owner.read_done(pinned.chunks)
+    fs.check_invariants()
+    fs.release(fh)
