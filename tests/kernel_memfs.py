@@ -27,6 +27,7 @@ from ckptfs.fuse.kernel.replies import AttrOut, CreateOut, DirentBuffer, EntryOu
 CHUNK = 1 << 20
 ZERO = memoryview(bytes(CHUNK))
 SLOW_XATTR = b"user.slow"  # getxattr of it waits until interrupted (10 s at most)
+WAIT_XATTR = b"user.wait"  # getxattr of it waits, saying so to the session, until `released` is set
 
 
 def _err(code: int, what: str = "") -> OSError:
@@ -60,6 +61,8 @@ class MemFS:
         self.adopted = self.copied = 0
         self.fsyncs = self.syncfs_calls = 0
         self.slow_entered = threading.Event()
+        self.released = threading.Event()
+        self.exits = 0  # spare workers that left (worker_exit)
 
     # ---- helpers (call with the lock held) ----------------------------------------------
     def _node(self, ino: int) -> Node:
@@ -417,7 +420,13 @@ class MemFS:
             n.xattrs[req.name] = req.value
             n.ctime = time.time_ns()
 
+    def worker_exit(self):
+        self.exits += 1
+
     def getxattr(self, req):
+        if req.name == WAIT_XATTR:
+            with self.session.waiting():
+                return b"released" if self.released.wait(30) else b"timed out"
         if req.name == SLOW_XATTR:
             self.slow_entered.set()
             deadline = time.monotonic() + 10

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import nobody
-from kernel_memfs import CHUNK, MemFS, serve
+from kernel_memfs import CHUNK, WAIT_XATTR, MemFS, serve
 from ckptfs.fuse.kernel import abi
 from ckptfs.fuse.kernel.abi import Op
 from ckptfs.fuse.kernel.session import Session
@@ -309,6 +309,38 @@ def test_interrupt_reaches_a_waiting_handler(memfs):
             p.kill()
             p.wait()
     assert s.statistics().get("interrupt", 0) >= 1
+
+
+@pytest.mark.mount
+def test_a_spare_worker_serves_while_every_worker_waits_and_leaves_after(tmp_path):
+    """One worker, waiting in a handler (`Session.waiting`): a spare reads the other requests
+    meanwhile; once the wait is over the spare leaves after a request (`worker_exit` runs)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fs, s = serve(str(mnt), 1)
+    try:
+        (mnt / "f").write_bytes(b"x")
+        got = []
+        t = threading.Thread(target=lambda: got.append(os.getxattr(mnt / "f", WAIT_XATTR)))
+        t.start()
+        poll(lambda: s.statistics()["spares_started"] == 1, "a spare worker")
+        for i in range(20):  # served by the spare while the only worker waits
+            (mnt / f"g{i}").write_bytes(b"y")
+        assert sorted(os.listdir(mnt))[:2] == ["f", "g0"] and not got
+        fs.released.set()
+        t.join(10)
+        assert got == [b"released"]
+
+        def left() -> bool:
+            os.stat(mnt / "f")  # a request: the spare that reads one while the worker is free leaves
+            return s.alive() == 1
+        poll(left, "the spare to leave")
+        assert fs.exits == 1 and s.statistics()["spares_started"] == 1
+    finally:
+        fs.released.set()
+        unmount_quietly(mnt)
+        s.wait(15)
+        s.close()
 
 
 @pytest.mark.mount

@@ -1,6 +1,9 @@
 """The native front end without a kernel: the bridge to trio, interrupts, the daemon's fallback."""
 import errno
 import logging
+import os
+import signal
+import subprocess
 import threading
 import time
 from types import SimpleNamespace
@@ -14,6 +17,7 @@ from ckptfs.fuse.native import TrioHandler
 from ckptfs.fuse.native_ops import Blocked
 from ckptfs.tasks import LoopLock
 from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
+from mounting import poll
 
 
 def _header(unique: int) -> Header:
@@ -44,6 +48,13 @@ class FakeOps:
         self.thread = threading.get_ident()
         await trio.sleep(0)
         return what
+
+    def mknod(self, req):
+        raise Blocked(self.mknod_wait, req)
+
+    async def mknod_wait(self, req):
+        await trio.sleep(0)
+        raise FsError("no space left on the devices", errno.ENOSPC)
 
 
 def _serve(fn, *, loop: bool = False):
@@ -108,6 +119,16 @@ def test_synchronous_operations_run_in_the_worker_under_the_loop_lock_else_on_tr
     assert _serve(fn, loop=loop)
 
 
+def test_a_continuation_that_fails_keeps_its_errno():
+    """ENOSPC from a WRITE's wait for room must reach the writer as ENOSPC (a nursery around
+    the wait once turned it into an exception group: EIO)."""
+    def fn(h, trio_thread):
+        with pytest.raises(FsError) as e:
+            h.mknod(Getattr(_header(3), 0, 0))
+        return e.value.errno
+    assert _serve(fn, loop=True) == errno.ENOSPC
+
+
 def test_requests_run_on_the_trio_thread_and_missing_ones_are_enosys():
     def fn(h, trio_thread):
         assert h.getattr(Getattr(_header(1), 0, 0)) == "attr"
@@ -136,6 +157,100 @@ def test_an_interrupt_cancels_a_waiting_fsync_with_eintr():
             t.join()
         return e.value.errno
     assert _serve(fn) == errno.EINTR
+
+
+class WaitingOps:
+    """A request that must wait (as a WRITE for memory) until `room` is set."""
+
+    def __init__(self):
+        self.room = None
+
+    def setattr(self, req):
+        raise Blocked(self.write_rest, req)
+
+    async def write_rest(self, req):
+        if self.room is None:
+            self.room = trio.Event()
+        await self.room.wait()
+        return "written"
+
+
+def _blocked_write(pid: int, release_after: float | None):
+    """A WRITE from `pid` that waits for memory, interrupted by the kernel (a signal) again and
+    again; room comes after `release_after` seconds (None: never). Its result, or the FsError."""
+    out = {}
+
+    async def main():
+        lock = LoopLock()
+        lock.install()
+        ops = WaitingOps()
+        h = TrioHandler(ops, trio.lowlevel.current_trio_token(), lock)
+
+        def worker():
+            try:
+                return h.setattr(Getattr(Header(0, 0, 11, 1, 0, 0, pid), 0, 0))
+            except FsError as e:
+                return e
+
+        def interrupter(done: threading.Event):
+            while not done.wait(0.03):
+                h.interrupt(11)
+
+        done = threading.Event()
+        t = threading.Thread(target=interrupter, args=(done,))
+        t.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                async def release():
+                    await trio.sleep(release_after)
+                    while ops.room is None:
+                        await trio.sleep(0.01)
+                    ops.room.set()
+                if release_after is not None:
+                    nursery.start_soon(release)
+                with trio.fail_after(10):  # (abandoned then: a request that never ends must fail the test)
+                    out["result"] = await trio.to_thread.run_sync(worker, abandon_on_cancel=True)
+        finally:
+            done.set()
+            t.join()
+        out["killed"] = h.killed
+        lock.uninstall()
+
+    trio.run(main)
+    return out["result"], out["killed"]
+
+
+@pytest.mark.parametrize("who", ["alive", "another pid namespace"])
+def test_an_interrupted_write_waiting_for_memory_goes_on_while_its_caller_lives(who):
+    """A signal the caller handles (SIGCHLD, SIGINT in Python) interrupts the request: the write
+    still waits for memory and completes, as a write to an ext4 file is never cut short; where
+    /proc cannot tell (pid 0), it waits as before."""
+    pid = os.getpid() if who == "alive" else 0
+    assert _blocked_write(pid, release_after=0.5) == ("written", 0)
+
+
+def test_an_interrupted_write_whose_caller_is_being_killed_gives_up_with_eintr():
+    child = subprocess.Popen(["sleep", "60"])
+    child.kill()
+    child.wait()  # gone, as a killed writer's thread is once its exit ends
+    result, killed = _blocked_write(child.pid, release_after=None)
+    assert isinstance(result, FsError) and result.errno == errno.EINTR and killed == 1
+
+
+def test_being_killed_reads_a_pending_sigkill_from_proc():
+    from ckptfs.fs.creds import being_killed
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert being_killed(child.pid) is False and being_killed(os.getpid()) is False
+        os.kill(child.pid, signal.SIGSTOP)  # stopped: a SIGKILL stays visible until it runs
+        poll(lambda: open(f"/proc/{child.pid}/status").read().count("\tT (stopped)"), "the child to stop")
+        assert being_killed(child.pid) is False
+        os.kill(child.pid, signal.SIGKILL)
+        assert being_killed(child.pid) is True  # pending or already exiting: either says so
+    finally:
+        child.kill()
+        child.wait()
+    assert being_killed(child.pid) is True and being_killed(0) is None
 
 
 class Refused:

@@ -502,3 +502,63 @@ def test_a_forked_childs_close_of_an_inherited_descriptor_commits_nothing(ckpt):
     assert ckptfs.state(f) in ("draining", "durable")  # the writer's close commits
     ckptfs.wait_durable(f, timeout=60)
     assert f.read_bytes() == b"new" * 500 + b"old" * 500
+
+
+STUCK_WRITER = r"""
+import os, signal, sys
+signal.signal(signal.SIGUSR1, lambda *a: None)  # a handled signal: the kernel interrupts the request
+path, total = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+data = bytes(range(256)) * (16 << 10)  # 4 MiB
+done = 0
+while done < total:
+    done += os.write(fd, memoryview(data)[:min(len(data), total - done)])
+os.close(fd)
+print(done)
+"""
+
+
+def test_a_writer_stuck_behind_a_stalled_drain_dies_at_kill_9_and_a_signal_does_not_cut_a_write(throttled):
+    """native engine, 2 FUSE threads: with memory full and the drain all but stopped (4 KiB/s),
+    two writers blocked in write() do not freeze the mount (a spare worker serves ls and stat);
+    one dies at SIGKILL at once (its interrupted WRITE gives up: the caller is being killed)
+    instead of hanging in D state until memory frees; the other handles signals (SIGUSR1, as a
+    DataLoader's SIGCHLD), goes on waiting and, once the drain runs, writes everything."""
+    m, t = throttled(4096, memory="16M", extra=("--threads", "2"))
+    if m.engine != "native":
+        pytest.skip("pyfuse3 runs every request to the end")
+    total = 40 * MiB
+    procs = {n: subprocess.Popen([sys.executable, "-c", STUCK_WRITER, str(m.path / n), str(total)],
+                                 stdout=subprocess.PIPE, text=True) for n in ("killed", "signalled")}
+    try:
+        def waits() -> list[str]:  # where each writer sleeps in the kernel (read from /proc, not the mount)
+            return [open(f"/proc/{p.pid}/wchan").read() for p in procs.values()]
+
+        def stuck() -> bool:  # both blocked in a FUSE request for half a second: memory is full
+            if waits() != ["request_wait_answer"] * 2:
+                return False
+            time.sleep(0.5)
+            return waits() == ["request_wait_answer"] * 2 and all(p.poll() is None for p in procs.values())
+
+        poll(stuck, "both writers to block on memory", timeout=60)
+        res = subprocess.run(["ls", "-l", str(m.path)], capture_output=True, text=True, timeout=20)
+        assert res.returncode == 0 and "signalled" in res.stdout
+        assert status_json(m)["engine_stats"]["spares_started"] >= 1
+        for _ in range(5):
+            procs["signalled"].send_signal(signal.SIGUSR1)
+            time.sleep(0.1)
+        procs["killed"].kill()
+        procs["killed"].wait(timeout=15)  # without the fix: stuck in D state until memory frees
+        assert procs["signalled"].poll() is None  # still waiting, not cut short
+        assert status_json(m)["engine_stats"]["killed"] >= 1
+        t.set(0)
+        out, _ = procs["signalled"].communicate(timeout=120)
+        assert procs["signalled"].returncode == 0 and int(out) == total
+        assert os.stat(m.path / "signalled").st_size == total
+        assert (m.path / "signalled").read_bytes() == bytes(range(256)) * (total // 256)
+        assert m.umount().returncode == 0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)

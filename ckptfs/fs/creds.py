@@ -18,12 +18,18 @@ gid as a group.
 
 Any front end passes a `Caller` to the core (`core.Filesystem.open`,
 `create`, `setattr`); the core applies the rules (`core.setid_bits_to_drop`).
+
+`being_killed(pid)` tells a front end whether a request's sender is being
+killed (a fatal signal sets SIGKILL pending in each of its threads), so that
+a request waiting for memory can let it die (fuse/native.py).
 """
 from __future__ import annotations
 
 import os
+import signal
 
 CAP_FSETID = 4
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
 class Caller:
@@ -95,3 +101,21 @@ def _from_proc(pid: int, uid: int) -> tuple[frozenset[int], bool]:
     except (OSError, KeyError, ValueError):
         return frozenset(), uid == 0
     return groups, bool(caps >> CAP_FSETID & 1) and _same_user_ns(pid)
+
+
+def being_killed(pid: int) -> bool | None:
+    """Whether request sender `pid` (a thread id) is being killed: SIGKILL pending (every fatal
+    signal puts it there for each thread), exiting, or gone. None where /proc cannot tell (pid 0:
+    a process in another pid namespace)."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        if fields["State"].split()[0] in ("Z", "X"):
+            return True
+        return bool((int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) & _SIGKILL_BIT)
+    except FileNotFoundError:
+        return True
+    except (OSError, KeyError, ValueError, IndexError):
+        return None

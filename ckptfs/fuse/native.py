@@ -15,7 +15,11 @@ the hop to the trio thread and back is gone. A request that must wait
 (memory full, data only on a device) raises `Blocked`; the worker lets go of
 the lock and awaits the continuation on the trio thread
 (``trio.from_thread.run``, never while holding the lock), as every request
-did before. FSYNC, FSYNCDIR and SYNCFS always go there. What the fast path
+did before. FSYNC, FSYNCDIR and SYNCFS always go there. A worker waits with
+its request; when that leaves no worker reading, the session starts a spare
+one (`Session.waiting`): writers held back by a full arena, or fsyncs
+waiting for a slow drain, never freeze the rest of the mount (a stat, an ls,
+a read of cached data, the INTERRUPT of a killed writer). What the fast path
 does that would wake trio tasks (the drain's queues, the committer, waiters)
 the store routes through `LoopLock.soon` (run_sync_soon).
 
@@ -48,9 +52,18 @@ views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
 written in place) until the reply is written, then released under the lock.
 
 Interrupts: a request the kernel interrupts while it waits for durability
-(FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR;
-other requests run to the end (a WRITE waiting for memory keeps waiting, as
-with pyfuse3).
+(FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR
+(POSIX lets fsync say so; Python retries). Any other request that waits on
+the trio thread (a WRITE for memory, a READ for a fetch) is not cut short by
+a signal, as a write to an ext4 file is not: torch.save's writer, fwrite and
+most programs do not expect EINTR from a regular file, and the kernel
+interrupts on every signal the caller handles (a DataLoader's SIGCHLD). But
+once interrupted it watches its caller: when the caller is being killed
+(SIGKILL pending, or gone: `creds.being_killed`) it gives up with EINTR, so
+a trainer stuck behind a stalled drain dies at kill -9 instead of hanging
+in D state until memory frees (`_killable`; the bytes it wrote so far stay
+written, as for any killed writer). pyfuse3 has no such path: there every
+request runs to the end.
 
 `NativeEngine` mounts and starts the session (blocking calls: the daemon runs
 them in a thread), waits for it to end (unmounted), and unmounts.
@@ -66,6 +79,7 @@ import threading
 import trio
 
 from ..errors import FsError, errno_of
+from ..fs.creds import being_killed
 from ..fs.facade import AsyncFilesystem
 from .kernel.session import Session, default_threads
 from ..tasks import LoopLock
@@ -79,6 +93,7 @@ INTERRUPTIBLE = frozenset({"fsync", "fsyncdir", "syncfs"})
 # less Python per GiB (docs/ENGINE.md). Fewer where the arena is small (`request_chunks`).
 REQUEST_CHUNKS = 4
 READ_CHUNKS = 16  # direct READs up to this many chunks (max_pages): a sync read() is one request at a time
+KILL_POLL = 0.1  # s: how often an interrupted request that waits looks whether its caller is being killed
 
 
 def request_chunks(nslots: int, threads: int, most: int = REQUEST_CHUNKS) -> int:
@@ -100,6 +115,8 @@ class TrioHandler:
         self.keep_free = keep_free  # arena slots never lent as receive buffers
         self.session: Session | None = None
         self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
+        self._waiting: dict[int, list] = {}  # unique -> [scope, caller pid, watched], requests waiting on trio
+        self.killed = 0  # requests given up because their caller was being killed
         # per worker: .run, the arena slot lent for each chunk-sized position of its payload (or None);
         # .bufs, their buffers; .own, its own buffer for positions with no slot; .reading, the run
         # its last read used (None: the session's own buffer)
@@ -127,14 +144,14 @@ class TrioHandler:
             raise AttributeError(name)
         op = getattr(self.ops, name)
         if name in INTERRUPTIBLE:
-            return lambda req: self._ordered(self._interruptible, op, req)
+            return lambda req: self._ordered(self._interruptible, op, req, waits=True)
         if inspect.iscoroutinefunction(op) or self.loop is None:
             return lambda req: self._ordered(self._run, op, req)
         return lambda req: self._serve(op, req)
 
     def syncfs(self, req) -> None:
         log.info("syncfs", extra={"fields": {"pid": req.header.pid}})
-        return self._ordered(self._interruptible, self.ops.syncfs, req)
+        return self._ordered(self._interruptible, self.ops.syncfs, req, waits=True)
 
     def interrupt(self, target: int) -> None:
         trio.from_thread.run_sync(self._cancel, target, trio_token=self.token)
@@ -171,14 +188,38 @@ class TrioHandler:
         if self.session is not None:
             self.session.order.done(req.unique)
 
-    def _ordered(self, afn, op, req):
-        """op's coroutine on the trio thread, started after every earlier request had its turn."""
+    def _ordered(self, afn, op, req, waits: bool = False):
+        """op's coroutine on the trio thread, started after every earlier request had its turn
+        (`waits`: it may wait for long, see `_wait_on_trio`)."""
         self._turn(req)
         self._done(req)
+        if waits:
+            return self._wait_on_trio(afn, op, req)
         return trio.from_thread.run(afn, op, req, trio_token=self.token)
 
     def _on_trio(self, op, req, *args):
-        return trio.from_thread.run(self._run, op, req, *args, trio_token=self.token)
+        return self._wait_on_trio(self._killable, op, req, *args)
+
+    def _wait_on_trio(self, afn, *args):
+        """afn(*args) on the trio thread, for a request that waits (memory, a fetch, the devices):
+        meanwhile the session keeps a worker reading (a spare if need be), so that other requests,
+        and the kernel's INTERRUPT of this one, are still served."""
+        if self.session is None:
+            return trio.from_thread.run(afn, *args, trio_token=self.token)
+        with self.session.waiting():
+            return trio.from_thread.run(afn, *args, trio_token=self.token)
+
+    def worker_exit(self) -> None:
+        """The session's hook, in a spare worker that leaves: give back the slots lent to it."""
+        run = getattr(self._local, "run", None)
+        if not run or self.loop is None:
+            return
+        with self.loop:
+            for i, slot in enumerate(run):
+                if slot is not None and slot in self._lent:
+                    self._lent.discard(slot)
+                    self.ops.afs.unlend_slot(slot)
+                run[i] = None
 
     def write(self, req):
         if self.loop is None:
@@ -317,10 +358,42 @@ class TrioHandler:
                 del self._scopes[req.unique]
         raise FsError("interrupted", errno=errno.EINTR)
 
+    async def _killable(self, op, req, *args):
+        """`_run`, given up with EINTR if, once the kernel interrupted it, its caller turns out to
+        be dying (`_watch`); a caller /proc cannot tell about (another pid namespace) is waited
+        for as before."""
+        with trio.CancelScope() as scope:
+            self._waiting[req.unique] = [scope, req.header.pid, False]
+            try:
+                if self.session is not None and self.session.interrupted(req.unique):
+                    self._cancel(req.unique)
+                return await self._run(op, req, *args)
+            finally:
+                del self._waiting[req.unique]
+        self.killed += 1
+        log.info("request.killed", extra={"fields": {"op": req.method, "pid": req.header.pid}})
+        raise FsError("the caller is being killed", errno=errno.EINTR)
+
     def _cancel(self, target: int) -> None:
         scope = self._scopes.get(target)
         if scope is not None:
             scope.cancel()
+        entry = self._waiting.get(target)
+        if entry is not None and not entry[2]:
+            entry[2] = True  # one watcher per request
+            trio.lowlevel.spawn_system_task(self._watch, target)
+
+    async def _watch(self, unique: int) -> None:
+        """While interrupted request `unique` still waits: every KILL_POLL seconds, is its caller
+        being killed? Then cancel it."""
+        while True:
+            entry = self._waiting.get(unique)
+            if entry is None:
+                return
+            if being_killed(entry[1]):
+                entry[0].cancel()
+                return
+            await trio.sleep(KILL_POLL)
 
 
 class NativeEngine:
@@ -385,6 +458,8 @@ class NativeEngine:
         stats["copied"] = self.handler.copied
         stats["shifted"] = self.handler.shifted
         stats["shifted_adopted"] = self.handler.shifted_adopted
+        stats["killed"] = self.handler.killed
+        stats["threads"] = self.session.threads
         if self.session.negotiated is not None:
             stats["max_write"] = self.session.negotiated.max_write
             stats["max_pages"] = self.session.negotiated.max_pages

@@ -11,6 +11,12 @@ Lifecycle::
 
 Threads: worker 0 reads the session descriptor, workers 1..N-1 each read a
 clone (FUSE_DEV_IOC_CLONE); the kernel hands each request to one reader.
+A handler about to wait for long (memory, a fetch, durability) says so with
+``with session.waiting():``: when that leaves no worker reading, a spare
+worker starts on a new clone (at most SPARE_WORKERS), so that other requests
+and INTERRUPTs are still read meanwhile; a spare leaves after a request once
+other workers are free again (the handler's optional `worker_exit()` then
+runs in it).
 Each worker reads with ``os.readv(fd, [header, *payload])``: an 80-byte header
 buffer (fuse_in_header + fuse_write_in) and the payload buffers, so a WRITE's
 data lands in the payload buffers on its own. By default the payload is one
@@ -67,6 +73,7 @@ filesystem was unmounted or the connection aborted: every worker exits.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import operator
@@ -85,6 +92,7 @@ from .requests import Init, ProtocolError
 log = logging.getLogger("ckptfs.fuse.kernel")
 
 IOV_MAX = 1024
+SPARE_WORKERS = 64  # workers beyond `threads`, started while every other one waits in a handler
 # A non-WRITE request's body beyond the header buffer: the largest is SETXATTR (name + 64 KiB value).
 NON_WRITE_ROOM = abi.XATTR_SIZE_MAX + 2 * abi.PAGE_SIZE
 _DATA = (bytes, bytearray, memoryview, list, tuple)
@@ -149,6 +157,11 @@ class Session:
         self._interrupted: set[int] = set()
         self._counts: list[dict[str, int]] = []
         self._last_payload: dict[int, tuple] = {}  # worker -> (write_buffer's last answer, its views)
+        self._spare_lock = threading.Lock()
+        self._running = 0  # GUARDED_BY _spare_lock: workers in their loop
+        self._waiting = 0  # GUARDED_BY _spare_lock: ... of which waiting in a handler (`waiting`)
+        self._spares = 0  # GUARDED_BY _spare_lock: running workers beyond `threads`
+        self.spares_started = 0
         self._pages_limit: int | None = None
         self.mounted = False
         self.order = KernelOrder()  # handlers that want the kernel's order take turns (order.py)
@@ -225,13 +238,20 @@ class Session:
             for fd in fds[1:]:
                 os.close(fd)
             raise
-        for i, fd in enumerate(fds):
-            self._counts.append({})
-            t = threading.Thread(target=self._worker, args=(i, fd), name=f"fuse-{i}", daemon=True)
-            self._workers.append(t)
+        for fd in fds:
+            self._add_worker(fd)
         for t in self._workers:
             t.start()
         return neg
+
+    def _add_worker(self, fd: int) -> threading.Thread:
+        i = len(self._workers)
+        self._counts.append({})
+        t = threading.Thread(target=self._worker, args=(i, fd), name=f"fuse-{i}", daemon=True)
+        with self._spare_lock:
+            self._running += 1
+        self._workers.append(t)
+        return t
 
     def serve(self) -> None:
         """mount(), start(), and wait until unmounted."""
@@ -277,12 +297,52 @@ class Session:
         """Whether the kernel asked to interrupt the request `unique` (still in flight)."""
         return unique in self._interrupted
 
+    @contextlib.contextmanager
+    def waiting(self):
+        """Around a handler's long wait: if no other worker is left reading, start a spare one."""
+        spare = False
+        with self._spare_lock:
+            self._waiting += 1
+            if self._running - self._waiting <= 0 and self._spares < SPARE_WORKERS and self.fd is not None:
+                self._spares += 1
+                spare = True
+        if spare:
+            self._start_spare()
+        try:
+            yield
+        finally:
+            with self._spare_lock:
+                self._waiting -= 1
+
+    def _start_spare(self) -> None:
+        try:
+            fd = _mount.clone_device(self.fd)
+        except OSError as e:
+            with self._spare_lock:
+                self._spares -= 1
+            log.warning("no spare FUSE worker (clone of /dev/fuse failed: %s): requests wait for a worker", e)
+            return
+        self.spares_started += 1
+        self._add_worker(fd).start()
+
+    def _spare_leaves(self, index: int) -> bool:
+        """After a request: a spare worker leaves when another worker is free to read."""
+        if index < self.threads:
+            return False
+        with self._spare_lock:
+            if self._running - self._waiting < 2:
+                return False
+            self._running -= 1
+            self._spares -= 1
+        return True
+
     def statistics(self) -> dict[str, int]:
         """Requests served per method, plus 'dropped' (replies the kernel no longer wanted) and 'errors'."""
         total: dict[str, int] = {}
-        for counts in self._counts:
+        for counts in list(self._counts):
             for k, v in list(counts.items()):
                 total[k] = total.get(k, 0) + v
+        total["spares_started"] = self.spares_started
         return total
 
     # ---- the workers ---------------------------------------------------------------------
@@ -322,6 +382,7 @@ class Session:
         head = memoryview(hdr)
         own = memoryview(bytearray(self.payload_size))
         counts = self._counts[index]
+        left = False
         try:
             while True:
                 payload = self._payload(index, own)
@@ -344,7 +405,21 @@ class Session:
                         self.after_reply()  # a short read or a bad request (answered): over too
                 except Exception:  # noqa: BLE001 - a worker never dies of one request
                     log.exception("worker %d: request not served", index)
+                if self._spare_leaves(index):
+                    left = True
+                    break
         finally:
+            if not left:
+                with self._spare_lock:
+                    self._running -= 1
+                    if index >= self.threads:
+                        self._spares -= 1
+            self._last_payload.pop(index, None)
+            if left and hasattr(self.handler, "worker_exit"):
+                try:
+                    self.handler.worker_exit()
+                except Exception:  # noqa: BLE001
+                    log.exception("worker_exit failed")
             if fd != self.fd:
                 os.close(fd)
             log.debug("worker %d exits", index)
