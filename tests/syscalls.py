@@ -1,4 +1,4 @@
-"""System calls that Python's os module lacks, through libc (x86_64 Linux)."""
+"""System calls that Python's os module lacks (through libc, x86_64 Linux), and loops around those it has."""
 from __future__ import annotations
 
 import ctypes
@@ -20,3 +20,14 @@ def fallocate(fd: int, mode: int, off: int, length: int) -> None:
     if _libc.fallocate(fd, mode, off, length) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
+
+
+def copy_range(fin: int, fout: int, n: int, off_in: int, off_out: int) -> int:
+    """copy_file_range(2) until `n` bytes are copied or the source ends (one call may copy less)."""
+    done = 0
+    while done < n:
+        got = os.copy_file_range(fin, fout, n - done, off_in + done, off_out + done)
+        if not got:
+            break
+        done += got
+    return done

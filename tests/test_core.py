@@ -588,6 +588,83 @@ def test_fs_fallocate_modes(fs):
     fs.release(fh)
 
 
+def test_fs_copy_range(fs):
+    """copy_file_range: from any offset to any offset, clipped at the source's end (0 at it), a
+    hole in the source written as zeros, the destination grown; two ranges of one file in one
+    chunk; a destination not open for writing is EBADF."""
+    data = random.Random(7).randbytes(3 * CS + 100)
+    fh, src = create(fs, b"src")
+    fs.write(fh, 0, data)
+    fs.write(fh, 5 * CS, b"tail")  # chunks 3 (past 100) and 4: a hole
+    whole = data + bytes(5 * CS - len(data)) + b"tail"
+    out, dst = create(fs, b"dst")
+    fs.write(out, 0, b"\xee" * (CS // 2))
+    v = dst.version
+    assert fs.copy_range(fh, 10, out, CS // 4, 9 * CS) == src.size - 10
+    assert dst.size == CS // 4 + src.size - 10 and dst.version > v
+    assert bytes(fs.read(out, 0, dst.size)) == b"\xee" * (CS // 4) + whole[10:]
+    assert fs.copy_range(fh, src.size, out, 0, CS) == 0 and fs.copy_range(fh, src.size + 5, out, 0, CS) == 0
+    assert fs.copy_range(fh, 0, fh, CS - 100, 50) == 50  # one chunk, ranges apart
+    assert bytes(fs.read(fh, CS - 100, 50)) == data[:50] and bytes(fs.read(fh, 0, 50)) == data[:50]
+    ro = fs.open(dst.ino, os.O_RDONLY).fh
+    assert errno_of(fs.copy_range, fh, 0, ro, 0, 10) == errno.EBADF
+    for h in (ro, out, fh):
+        fs.release(h)
+
+
+def _copy_pair(slots: int, chunks: int):
+    """A filesystem over an arena of `slots` chunks, with a file "src" of `chunks` random chunks
+    and an empty "dst", both open: (fs, arena, fh, src, data, out, dst)."""
+    a = Arena(slots * CS, CS, prefault=False)
+    fs = Filesystem(a, capacity_bytes=1 << 30)
+    fh, src = create(fs, b"src")
+    data = random.Random(chunks).randbytes(chunks * CS)
+    fs.write(fh, 0, data)
+    out, dst = create(fs, b"dst")
+    return fs, a, fh, src, data, out, dst
+
+
+def test_fs_copy_range_is_short_when_memory_fills_and_nospace_when_nothing_fits():
+    fs, a, fh, _, data, out, dst = _copy_pair(4, 3)
+    assert fs.copy_range(fh, 0, out, 0, 3 * CS) == CS  # one slot was free
+    with pytest.raises(NoSpace):
+        fs.copy_range(fh, CS, out, CS, 2 * CS)
+    assert dst.size == CS and bytes(fs.read(out, 0, CS)) == data[:CS]
+    fs.check_invariants()
+    a.close()
+
+
+def test_facade_a_copy_from_evicted_chunks_fetches_those_ahead_once_then_copies():
+    """The source's chunks only on a device: the copy stops short before them; asked for the rest
+    it raises NeedsFetch naming every evicted chunk ahead (one fetch, not one per chunk), and the
+    facade's copy fetches them and copies it all."""
+    import trio
+    from ckptfs.fs.facade import AsyncFilesystem, Backend
+    from ckptfs.fs.filemap import NeedsFetch
+    fs, a, fh, src, data, out, _ = _copy_pair(16, 4)
+    for idx in (1, 2, 3):  # evicted, as the store leaves drained chunks
+        chunk = src.data.chunks[idx]
+        a.free(chunk.slot)
+        chunk.slot = None
+    fetched = []
+
+    async def fetch(chunks):
+        fetched.append([c.idx for c in chunks])
+        for c in chunks:
+            c.slot = a.alloc_nowait()
+            a.view(c.slot)[:CS] = data[c.idx * CS:(c.idx + 1) * CS]
+
+    afs = AsyncFilesystem(fs, Backend(fetch=fetch))
+    assert afs.copy_range_nowait(fh, 0, out, 0, 4 * CS) == CS
+    with pytest.raises(NeedsFetch) as e:
+        afs.copy_range_nowait(fh, CS, out, CS, 3 * CS)
+    assert [c.idx for c in e.value.chunks] == [1, 2, 3]
+    assert trio.run(functools.partial(afs.copy_range, fh, CS, out, CS, 3 * CS)) == 3 * CS
+    assert fetched == [[1, 2, 3]] and bytes(fs.read(out, 0, 4 * CS)) == data
+    fs.check_invariants()
+    a.close()
+
+
 def test_fs_append_and_readonly_handles(fs):
     fh, inode = create(fs, b"f")
     fs.write(fh, 0, b"abc")

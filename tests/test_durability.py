@@ -77,6 +77,28 @@ def test_fallocated_size_and_punched_holes_survive_kill_9(ckpt, engine):
     assert os.stat(p).st_blocks * 512 <= (3 << 20) + (1 << 20)  # the punched chunks are gone
 
 
+def test_a_copy_of_a_file_only_on_the_devices_survives_kill_9(ckpt):
+    """copy_file_range from a file that after a remount is only on the devices (native: the
+    daemon fetches the source and copies it; pyfuse3: the kernel's splice), fsync'd, then
+    SIGKILL: the copy is whole after the next mount."""
+    p, q = ckpt.path / "src", ckpt.path / "dst"
+    data = os.urandom((6 << 20) + 77)
+    p.write_bytes(data)
+    assert ckpt.umount().returncode == 0
+    ckpt.mount()
+    fin, fout = os.open(p, os.O_RDONLY), os.open(q, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while os.copy_file_range(fin, fout, 1 << 30):
+            pass
+        os.fsync(fout)
+    finally:
+        os.close(fin)
+        os.close(fout)
+    ckpt.kill()
+    ckpt.mount()
+    assert q.read_bytes() == data
+
+
 def test_file_larger_than_memory_saves_with_bounded_rss(ckpt_factory):
     m = ckpt_factory(memory="64M")
     m.mount()

@@ -13,12 +13,13 @@ import pytest
 from ckptfs.fuse.kernel import abi
 from ckptfs.fuse.kernel.abi import Op
 from ckptfs.fuse.kernel.negotiate import DEFAULT_WANT, negotiate
-from ckptfs.fuse.kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, InitOut, LseekOut, OpenOut,
-                                   StatfsOut, WriteOut, XattrSize, error_reply, frame, out_header)
+from ckptfs.fuse.kernel.replies import (Attr, AttrOut, CopiedOut, CreateOut, DirentBuffer, EntryOut, InitOut, LseekOut,
+                                   OpenOut, StatfsOut, WriteOut, XattrSize, error_reply, frame, out_header)
 from ckptfs.fuse.kernel.parse import RequestDecoder, parse_header, parse_request
-from ckptfs.fuse.kernel.requests import (BatchForget, Create, Forget, Getattr, Getxattr, Init, Link, Listxattr, Lookup,
-                                    Mkdir, Mknod, Open, ProtocolError, Read, Readdir, Release, Releasedir, Rename,
-                                    Setattr, Setxattr, Symlink, Unsupported, Write)
+from ckptfs.fuse.kernel.requests import (BatchForget, CopyFileRange, Create, Fallocate, Forget, Getattr, Getxattr,
+                                    Init, Link, Listxattr, Lookup, Lseek, Mkdir, Mknod, Open, ProtocolError, Read,
+                                    Readdir, Release, Releasedir, Rename, Setattr, Setxattr, Symlink, Unsupported,
+                                    Write)
 
 UID, GID, PID = 1000, 1001, 4242
 
@@ -45,6 +46,8 @@ def test_sizes_match_the_kernel():
         "fuse_create_in": abi.CREATE_IN.size, "fuse_mknod_in": abi.MKNOD_IN.size,
         "fuse_rename2_in": abi.RENAME2_IN.size, "fuse_fallocate_in": abi.FALLOCATE_IN.size,
         "fuse_lseek_in": abi.LSEEK_IN.size, "fuse_backing_map": abi.BACKING_MAP.size,
+        "fuse_copy_file_range_in": abi.COPY_FILE_RANGE_IN.size,
+        "fuse_copy_file_range_out": abi.COPY_FILE_RANGE_OUT.size,
     }
     assert layouts == abi.SIZES
     # the field notes' numbers, spelled out
@@ -108,6 +111,13 @@ CASES = [
     (Op.READDIR, abi.READ_IN.pack(8, 0, 4096, 0, 0, 0, 0), Readdir, {"plus": False}),
     (Op.CREATE, abi.CREATE_IN.pack(os.O_WRONLY | os.O_CREAT, 0o100644, 0o22, 0) + b"f.pt\0", Create,
      {"name": b"f.pt", "flags": os.O_WRONLY | os.O_CREAT, "mode": 0o100644, "umask": 0o22}),
+    (Op.LSEEK, abi.LSEEK_IN.pack(3, 1 << 33, os.SEEK_HOLE, 0), Lseek, {"fh": 3, "offset": 1 << 33, "whence": 4}),
+    (Op.FALLOCATE, abi.FALLOCATE_IN.pack(3, 10, 1 << 30, 3, 0), Fallocate,
+     {"fh": 3, "offset": 10, "length": 1 << 30, "mode": 3}),
+    (Op.COPY_FILE_RANGE, abi.COPY_FILE_RANGE_IN.pack(3, 7, 12, 4, 9, 1 << 20, 0), CopyFileRange,
+     {"fh_in": 3, "off_in": 7, "nodeid_out": 12, "fh_out": 4, "off_out": 9, "length": 1 << 20, "wide": False}),
+    (Op.COPY_FILE_RANGE_64, abi.COPY_FILE_RANGE_IN.pack(3, 0, 12, 4, 0, 1 << 40, 0), CopyFileRange,
+     {"length": 1 << 40, "flags": 0, "wide": True}),
 ]
 
 
@@ -293,6 +303,7 @@ def test_small_replies():
     assert WriteOut(1 << 20).pack() == abi.WRITE_OUT.pack(1 << 20, 0)
     assert XattrSize(17).pack() == abi.GETXATTR_OUT.pack(17, 0)
     assert LseekOut(12345).pack() == abi.LSEEK_OUT.pack(12345)
+    assert CopiedOut(5 << 32).pack() == abi.COPY_FILE_RANGE_OUT.pack(5 << 32)
     st = StatfsOut(100, 50, 40, 1000, 900, 4096, 255, 4096).pack()
     assert len(st) == 80 and abi.KSTATFS.unpack(st)[:8] == (100, 50, 40, 1000, 900, 4096, 255, 4096)
 

@@ -507,5 +507,6 @@ def test_session_survives_garbage_and_bad_handlers():
         assert k.ask(request(Op.SYNCFS, bytes(8), unique=28))[:2] == (0, 28)
         stats = k.session.statistics()
         assert stats["syncfs"] == 2 and stats["errors"] >= 6
+        assert stats["unsupported_ioctl"] == 1
     finally:
         k.close()

@@ -5,7 +5,8 @@ flags, pwrite at random offsets, append, read, truncate, unlink, rename over
 files and directories, RENAME_NOREPLACE/EXCHANGE, mkdir, rmdir, link, symlink,
 chmod (set-user-ID and set-group-ID modes too), chown(-1, -1), operations on
 names over 255 bytes, writes by the unprivileged user nobody, fallocate
-(allocate, keep size, punch a hole, zero a range), fsync, close)
+(allocate, keep size, punch a hole, zero a range), copy_file_range between any two open
+descriptors, fsync, close)
 both to a directory on ckptfs and to a reference directory on ext4. When an
 operation fails, both sides must fail with the same errno; chown(-1, -1) must
 move ctime on both or neither; after every step the trees must agree: names,
@@ -34,7 +35,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from ext4 import ext4_tmpdir
 from mounting import CkptMount
 from nobody import as_user
-from syscalls import fallocate
+from syscalls import copy_range, fallocate
 
 pytestmark = pytest.mark.mount
 
@@ -329,6 +330,13 @@ class FsModel(RuleBasedStateMachine):
           n=sizes.filter(bool))
     def fallocate(self, i, mode, off, n):
         self.both_fd(i, fallocate, mode, off, n)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, MAX_FDS), j=st.integers(0, MAX_FDS), off_in=offsets, off_out=offsets, n=sizes)
+    def copy_file_range(self, i, j, off_in, off_out, n):
+        (sm, sr, _), (dm, dr, _) = self.fds[i % len(self.fds)], self.fds[j % len(self.fds)]
+        res = [outcome(copy_range, sm, dm, n, off_in, off_out), outcome(copy_range, sr, dr, n, off_in, off_out)]
+        assert res[0] == res[1], f"copy_file_range({n}, {off_in}, {off_out}): mount {res[0]}, reference {res[1]}"
 
     @precondition(lambda self: any(flags & os.O_ACCMODE != os.O_WRONLY for _, _, flags in self.fds))
     @rule(i=st.integers(0, MAX_FDS))

@@ -19,7 +19,7 @@ import pytest
 from ckptfs.format.layout import plan
 from mounting import ckptfs, reachable_mount
 from syscalls import (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
-                      fallocate)
+                      copy_range, fallocate)
 
 pytestmark = pytest.mark.mount
 
@@ -179,6 +179,36 @@ def test_fallocate_and_seek_data_hole(d, mnt, engine):
     finally:
         os.close(fd)
     assert p.read_bytes()[:len(want)] == want
+
+
+def test_copy_file_range(d, mnt, engine):
+    """copy_file_range inside the mount gives the bytes read() would, at any offsets, and stops at
+    the source's end; two overlapping ranges of one file are EINVAL (the kernel's check). native:
+    the daemon copies arena to arena (COPY_FILE_RANGE_64), no WRITE crosses /dev/fuse; pyfuse3
+    serves no COPY_FILE_RANGE, so the kernel copies through splice (64 KiB WRITEs)."""
+    chunk = _status(mnt)["pool"]["chunk_size"]
+    data = os.urandom(5 * chunk + 123)
+    (d / "src").write_bytes(data)
+    (d / "dst").write_bytes(b"\xee" * 100)
+    before = _status(mnt).get("engine_stats", {})
+    fin, fout = os.open(d / "src", os.O_RDONLY), os.open(d / "dst", os.O_RDWR)
+    try:
+        assert copy_range(fin, fout, len(data) + 1000, 0, 0) == len(data)
+        assert os.pread(fout, len(data) + 1, 0) == data
+        assert copy_range(fin, fout, 2 * chunk, chunk // 3, 7) == 2 * chunk
+        assert os.pread(fout, 2 * chunk + 7, 0) == data[:7] + data[chunk // 3:chunk // 3 + 2 * chunk]
+        assert os.copy_file_range(fin, fout, chunk, len(data), 0) == 0  # at the source's end
+        assert copy_range(fout, fout, 100, 0, 3 * chunk) == 100  # one file, ranges apart
+        assert os.pread(fout, 100, 3 * chunk) == os.pread(fout, 100, 0)
+        assert err(os.copy_file_range, fout, fout, chunk, 0, 50) == errno.EINVAL
+        assert os.fstat(fout).st_size == len(data)
+    finally:
+        os.close(fin)
+        os.close(fout)
+    after = _status(mnt).get("engine_stats", {})
+    if engine == "native":
+        assert after["copy_file_range"] > before.get("copy_file_range", 0)
+        assert after["write"] - before["write"] <= 2  # the two write_bytes' own, no copy's
 
 
 def test_truncate_and_ftruncate(d):

@@ -51,6 +51,7 @@ SETID = stat.S_ISUID | stat.S_ISGID
 # fallocate(2) modes (linux/falloc.h) that FUSE forwards; the kernel refuses the others itself
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 FALLOC_MODES = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
+COPY_AHEAD = 16  # chunks of a copy's source fetched at once when it finds them evicted
 
 
 def setid_bits_to_drop(mode: int, gid: int, caller: Caller | None) -> int:
@@ -429,6 +430,47 @@ class Filesystem:
         inode.version += 1
         inode.mtime_ns = inode.ctime_ns = self.clock()
         self.durability.dirtied(inode)
+
+    def copy_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int, length: int) -> int:
+        """copy_file_range(2) inside the mount: up to `length` bytes of `fh_in` from `off_in` to
+        `fh_out` at `off_out`, returning how many were copied (0 at or past the source's end).
+        The kernel has checked the modes, the limits and that a file's two ranges do not
+        overlap. The bytes go from the source's slots straight into the destination's (a write,
+        as `writev`: sizes, times, setid bits, committed at close), one destination chunk a
+        step; a hole in the source is written as zeros. Short when, after some bytes, the source
+        must be fetched or memory filled up (callers of copy_file_range ask again for the
+        rest); raises NeedsFetch (the source's chunks missing from the next COPY_AHEAD chunks,
+        so one fetch serves many steps) or NoSpace when nothing was copied."""
+        src = self.handle(fh_in).inode
+        if not self.handle(fh_out).writable:
+            raise fs_error(errno.EBADF)
+        if not src.is_reg:
+            raise fs_error(errno.EINVAL)
+        cs = self.arena.chunk_size
+        end = min(off_in + length, src.size)
+        n = 0
+        while off_in + n < end:
+            step = min(cs - (off_out + n) % cs, end - off_in - n)
+            try:
+                parts = src.data.read_pinned(off_in + n, step, src.size)
+            except NeedsFetch as e:
+                if n:
+                    break
+                if type(e) is NeedsFetch:  # not a restore: ask for the chunks ahead too
+                    e = NeedsFetch(src.data.missing(off_in, min(end - off_in, COPY_AHEAD * cs), src.size))
+                raise e from None
+            try:
+                got = self.writev(fh_out, off_out + n, parts)
+            except (NoSpace, NeedsFetch):
+                if n:
+                    break
+                raise
+            finally:
+                self.owner.read_done(parts.chunks)
+            n += got
+            if got < step:
+                break
+        return n
 
     def seek(self, fh: int, off: int, whence: int) -> int:
         """lseek's SEEK_DATA / SEEK_HOLE (the only kinds the kernel asks the filesystem): the

@@ -268,6 +268,14 @@ class AsyncFilesystem:
     async def fallocate(self, fh: int, off: int, length: int, mode: int) -> None:
         await self._fetching(self.fs.fallocate, fh, off, length, mode)
 
+    def copy_range_nowait(self, fh_in: int, off_in: int, fh_out: int, off_out: int, length: int) -> int:
+        """Raises NeedsFetch / NoSpace when nothing can be copied without waiting (then call
+        `copy_range`); short when something could (core.copy_range)."""
+        return self.fs.copy_range(fh_in, off_in, fh_out, off_out, length)
+
+    async def copy_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int, length: int) -> int:
+        return await self._fetching(self.fs.copy_range, fh_in, off_in, fh_out, off_out, length)
+
     def seek_nowait(self, fh: int, off: int, whence: int) -> int:
         return self.fs.seek(fh, off, whence)
 

@@ -58,13 +58,15 @@ from ..fs.namespace import Inode
 from .common import ATTR_TIMEOUT, ENTRY_TIMEOUT
 from .kernel import abi
 from .kernel.negotiate import DEFAULT_WANT
-from .kernel.replies import (Attr, AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut,
-                             WriteOut)
+from .kernel.replies import (Attr, AttrOut, CopiedOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut,
+                             StatfsOut, WriteOut)
 
 # What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2, and
 # DIRECT_IO_ALLOW_MMAP (see above).
 WANT = (DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2) | abi.FUSE_DIRECT_IO_ALLOW_MMAP
 
+
+COPY_MAX_32 = (1 << 32) - abi.PAGE_SIZE  # the most a COPY_FILE_RANGE reply (fuse_write_out) can count
 
 # "no such name", cached by the kernel for ENTRY_TIMEOUT (common.py)
 NEGATIVE_ENTRY = EntryOut(0, Attr(0, 0), entry_timeout=ENTRY_TIMEOUT, attr_timeout=0)
@@ -263,6 +265,27 @@ class Operations:
 
     async def fallocate_wait(self, req) -> None:
         await self.afs.fallocate(req.fh, req.offset, req.length, req.mode)
+
+    def copy_file_range(self, req) -> WriteOut | CopiedOut:
+        if req.flags:
+            raise fs_error(errno.EINVAL)
+        try:
+            return self._copied(req, self.afs.copy_range_nowait(*self._copy_args(req)))
+        except (NoSpace, NeedsFetch):
+            raise Blocked(self.copy_file_range_wait, req) from None
+
+    async def copy_file_range_wait(self, req) -> WriteOut | CopiedOut:
+        return self._copied(req, await self.afs.copy_range(*self._copy_args(req)))
+
+    @staticmethod
+    def _copy_args(req) -> tuple:
+        # COPY_FILE_RANGE answers in 32 bits: at most 4 GiB less a page per request
+        length = req.length if req.wide else min(req.length, COPY_MAX_32)
+        return req.fh_in, req.off_in, req.fh_out, req.off_out, length
+
+    @staticmethod
+    def _copied(req, n: int) -> WriteOut | CopiedOut:
+        return CopiedOut(n) if req.wide else WriteOut(n)
 
     def lseek(self, req) -> LseekOut:
         return LseekOut(self.afs.seek_nowait(req.fh, req.offset, req.whence))

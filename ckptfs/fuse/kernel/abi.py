@@ -87,6 +87,7 @@ class Op(enum.IntEnum):
     SYNCFS = 50
     TMPFILE = 51
     STATX = 52
+    COPY_FILE_RANGE_64 = 53  # 7.45: the same request, a 64-bit count in the reply
 
 
 # ---- INIT flags (fuse_init_in/out.flags; bits 32.. are flags2 << 32) ------------
@@ -199,6 +200,7 @@ WRITE_OUT = struct.Struct("=II")          # size padding
 GETXATTR_OUT = struct.Struct("=II")       # size padding
 KSTATFS = struct.Struct("=QQQQQIIII6I")   # blocks bfree bavail files ffree bsize namelen frsize pad spare[6]
 LSEEK_OUT = struct.Struct("=Q")
+COPY_FILE_RANGE_OUT = struct.Struct("=Q")  # bytes_copied (COPY_FILE_RANGE_64)
 INIT_IN = struct.Struct("=IIIII")         # major minor max_readahead flags flags2 (then unused[11])
 INIT_IN_V1 = struct.Struct("=IIII")       # before 7.36 the kernel sent only these 16 bytes
 INIT_IN_SIZE = 64
@@ -228,6 +230,7 @@ ACCESS_IN = struct.Struct("=II")          # mask padding
 INTERRUPT_IN = struct.Struct("=Q")        # unique
 LSEEK_IN = struct.Struct("=QQII")         # fh offset whence padding
 FALLOCATE_IN = struct.Struct("=QQQII")    # fh offset length mode padding
+COPY_FILE_RANGE_IN = struct.Struct("=QQQQQQQ")  # fh_in off_in nodeid_out fh_out off_out len flags
 SYNCFS_IN = struct.Struct("=Q")           # padding
 DIRENT = struct.Struct("=QQII")           # ino off namelen type, then the name, padded to 8
 BACKING_MAP = struct.Struct("=iIQ")       # fd flags padding
@@ -246,6 +249,7 @@ SIZES = {
     "fuse_init_out": 64, "fuse_kstatfs": 80, "fuse_setattr_in": 88, "fuse_dirent": 24,
     "fuse_release_in": 24, "fuse_flush_in": 24, "fuse_create_in": 16, "fuse_mknod_in": 16,
     "fuse_rename2_in": 16, "fuse_fallocate_in": 32, "fuse_lseek_in": 24, "fuse_backing_map": 16,
+    "fuse_copy_file_range_in": 56, "fuse_copy_file_range_out": 8,
 }
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from . import abi
 from .abi import Op
-from .requests import (Access, BatchForget, Create, Destroy, Fallocate, Flush, Forget, Fsync, Fsyncdir,
-                       Getattr, Getxattr, Header, Init, Interrupt, Link, Listxattr, Lookup, Lseek, Mkdir,
+from .requests import (Access, BatchForget, CopyFileRange, Create, Destroy, Fallocate, Flush, Forget, Fsync,
+                       Fsyncdir, Getattr, Getxattr, Header, Init, Interrupt, Link, Listxattr, Lookup, Lseek, Mkdir,
                        Mknod, Open, Opendir, ProtocolError, Read, Readdir, Readlink, Release, Releasedir,
                        Removexattr, Rename, Request, Rmdir, Setattr, Setxattr, Statfs, Symlink, Syncfs, Unlink,
                        Unsupported, Write)
@@ -209,6 +209,10 @@ _PARSERS = {
     Op.SYNCFS: _no_body(Syncfs),
     Op.LSEEK: lambda h, body, ext: Lseek(h, *_fixed(h, body, abi.LSEEK_IN, "fuse_lseek_in")[:3]),
     Op.FALLOCATE: lambda h, body, ext: Fallocate(h, *_fixed(h, body, abi.FALLOCATE_IN, "fuse_fallocate_in")[:4]),
+    Op.COPY_FILE_RANGE: lambda h, body, ext: CopyFileRange(
+        h, *_fixed(h, body, abi.COPY_FILE_RANGE_IN, "fuse_copy_file_range_in"), False),
+    Op.COPY_FILE_RANGE_64: lambda h, body, ext: CopyFileRange(
+        h, *_fixed(h, body, abi.COPY_FILE_RANGE_IN, "fuse_copy_file_range_in"), True),
 }
 
 

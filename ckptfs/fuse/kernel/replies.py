@@ -10,7 +10,8 @@ go to the kernel without a copy in user space.
     AttrOut    GETATTR, SETATTR                        fuse_attr_out (104)
     OpenOut    OPEN, OPENDIR                           fuse_open_out (16)
     CreateOut  CREATE                                  fuse_entry_out + fuse_open_out
-    WriteOut   WRITE                                   fuse_write_out (8)
+    WriteOut   WRITE, COPY_FILE_RANGE                  fuse_write_out (8)
+    CopiedOut  COPY_FILE_RANGE_64                      fuse_copy_file_range_out (8)
     StatfsOut  STATFS                                  fuse_statfs_out (80)
     XattrSize  GETXATTR / LISTXATTR with size 0        fuse_getxattr_out (8)
     LseekOut   LSEEK                                   fuse_lseek_out (8)
@@ -147,6 +148,14 @@ class XattrSize:
 
     def pack(self) -> bytes:
         return abi.GETXATTR_OUT.pack(self.size, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CopiedOut:
+    size: int
+
+    def pack(self) -> bytes:
+        return abi.COPY_FILE_RANGE_OUT.pack(self.size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -342,6 +342,19 @@ class Fallocate(Request):
     mode: int
 
 
+@_request("copy_file_range")
+class CopyFileRange(Request):  # COPY_FILE_RANGE, or COPY_FILE_RANGE_64 (`wide`: a 64-bit reply)
+    header: Header
+    fh_in: int
+    off_in: int
+    nodeid_out: int
+    fh_out: int
+    off_out: int
+    length: int
+    flags: int
+    wide: bool
+
+
 @_request("")
 class Unsupported(Request):  # an opcode this codec does not parse: the session replies ENOSYS
     header: Header

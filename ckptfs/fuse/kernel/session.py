@@ -85,7 +85,7 @@ from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
 from .order import KernelOrder
 from .parse import parse_header, parse_request
-from .replies import (AttrOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
+from .replies import (AttrOut, CopiedOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
                       XattrSize, error_reply, frame)
 from .requests import Init, ProtocolError
 
@@ -101,9 +101,18 @@ _REPLY_TYPES = {
     "lookup": EntryOut, "mknod": EntryOut, "mkdir": EntryOut, "symlink": EntryOut, "link": EntryOut,
     "getattr": AttrOut, "setattr": AttrOut, "open": OpenOut, "opendir": OpenOut, "create": CreateOut,
     "write": WriteOut, "statfs": StatfsOut, "lseek": LseekOut, "readdir": DirentBuffer,
+    "copy_file_range": (WriteOut, CopiedOut),
     "read": _DATA, "readlink": (bytes, bytearray, memoryview),
 }
 _NO_REPLY = frozenset({"forget", "batch_forget"})
+
+
+def _unsupported(opcode: int) -> str:
+    """The statistics key of an opcode answered ENOSYS: 'unsupported_ioctl', or the number."""
+    try:
+        return f"unsupported_{abi.Op(opcode).name.lower()}"
+    except ValueError:
+        return f"unsupported_{opcode}"
 
 
 def default_threads() -> int:
@@ -226,7 +235,7 @@ class Session:
         for name in ("lookup forget batch_forget getattr setattr readlink symlink mknod mkdir unlink rmdir "
                      "rename link open read write statfs release fsync setxattr getxattr listxattr "
                      "removexattr flush opendir readdir releasedir fsyncdir access create destroy syncfs "
-                     "lseek fallocate interrupt").split():
+                     "lseek fallocate copy_file_range interrupt").split():
             self._methods[name] = getattr(self.handler, name, None)
         if not self._send(self.fd, frame(h.unique, out), h.unique):
             raise OSError(errno.EIO, f"the kernel refused the INIT reply for {self.mountpoint}")
@@ -337,7 +346,8 @@ class Session:
         return True
 
     def statistics(self) -> dict[str, int]:
-        """Requests served per method, plus 'dropped' (replies the kernel no longer wanted) and 'errors'."""
+        """Requests served per method, plus 'dropped' (replies the kernel no longer wanted), 'errors'
+        and 'unsupported_<opcode>' (answered ENOSYS: Python's open() sends an IOCTL, isatty)."""
         total: dict[str, int] = {}
         for counts in list(self._counts):
             for k, v in list(counts.items()):
@@ -460,7 +470,8 @@ class Session:
     def _serve_request(self, fd: int, req, counts: dict) -> None:
         h = req.header
         method = req.method
-        counts[method or "unsupported"] = counts.get(method or "unsupported", 0) + 1
+        key = method or _unsupported(h.opcode)
+        counts[key] = counts.get(key, 0) + 1
         if method in _NO_REPLY:
             fn = self._methods.get(method)
             if fn is not None:
