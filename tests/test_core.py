@@ -1016,7 +1016,8 @@ def test_writev_adopts_a_shifted_first_piece_after_copying_the_chunks_head():
 
 def test_a_shifted_first_piece_off_its_place_or_short_is_copied():
     """The first piece is adopted only where it lies at its own offset in the chunk (the guessed
-    shift was right) and reaches the chunk's end; otherwise it is copied, its slot stays lent."""
+    shift was right), reaches the chunk's end and is no shorter than the chunk's head (which an
+    adoption copies); otherwise it is copied, its slot stays lent."""
     r = 100
     arena = Arena(8 * CS, CS)
     fs = Filesystem(arena, capacity_bytes=1 << 30)
@@ -1031,6 +1032,17 @@ def test_a_shifted_first_piece_off_its_place_or_short_is_copied():
         assert arena.is_lent(slots[0]) and inode.data.chunks[off // CS].slot != slots[0]
         model[off:off + size] = data[:size]
         arena.unlend(slots[0])
+    big = CS - CS // 16  # the last 64 KiB piece of a 1 MiB chunk: the head is 15 times the piece
+    slots, pieces = _shifted_request(arena, big, data[:CS - big])
+    assert fs.writev(fh, 2 * CS + big, pieces, slots=slots, shift=big) == CS - big
+    assert arena.is_lent(slots[0]) and inode.data.chunks[2].slot != slots[0]
+    model[2 * CS + big:] = data[:CS - big]
+    arena.unlend(slots[0])
+    half = CS // 2  # head and piece of one size: adopted
+    slots, pieces = _shifted_request(arena, half, data[:half])
+    assert fs.writev(fh, CS + half, pieces, slots=slots, shift=half) == half
+    assert inode.data.chunks[1].slot == slots[0] and not arena.is_lent(slots[0])
+    model[CS + half:2 * CS] = data[:half]
     assert bytes(fs.read(fh, 0, 3 * CS)) == model
     fs.check_invariants()
 

@@ -357,7 +357,10 @@ class Filesystem:
         `slots[i]`: the lent arena slot `pieces[i]` starts at, or None; a piece that is one whole
         chunk at a chunk boundary adopts its slot, the others are copied. `shift`: the first
         piece starts that many bytes into its slot instead; if it is the rest of a chunk from
-        that offset in the chunk, it adopts its slot too (FileData.adopt, `at`)."""
+        that offset in the chunk, it adopts its slot too (FileData.adopt, `at`), unless the
+        chunk's head is the larger part: adopting copies those `at` bytes into the slot, so a
+        piece shorter than the head is copied instead (a writer of 64 KiB pieces ends each
+        chunk with one, and adopting it would copy 15/16 of the chunk)."""
         h = self.handle(fh)
         if not h.writable:
             raise fs_error(errno.EBADF)
@@ -377,7 +380,7 @@ class Filesystem:
             size = memoryview(piece).nbytes
             at = shift if i == 0 else 0  # where the piece starts in its slot
             try:
-                if slot is not None and size == cs - at and (off + n) % cs == at:
+                if slot is not None and size == cs - at and (off + n) % cs == at and at <= size:
                     got = data.adopt((off + n) // cs, slot, at)
                 else:
                     got = data.write(off + n, piece)
