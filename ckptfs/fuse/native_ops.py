@@ -64,9 +64,8 @@ from .kernel.replies import (Attr, AttrOut, CopiedOut, CreateOut, DirentBuffer, 
 # What the engine asks of the kernel at INIT: the session's defaults but HANDLE_KILLPRIV_V2, and
 # DIRECT_IO_ALLOW_MMAP (see above).
 WANT = (DEFAULT_WANT & ~abi.FUSE_HANDLE_KILLPRIV_V2) | abi.FUSE_DIRECT_IO_ALLOW_MMAP
-
-
 COPY_MAX_32 = (1 << 32) - abi.PAGE_SIZE  # the most a COPY_FILE_RANGE reply (fuse_write_out) can count
+
 
 # "no such name", cached by the kernel for ENTRY_TIMEOUT (common.py)
 NEGATIVE_ENTRY = EntryOut(0, Attr(0, 0), entry_timeout=ENTRY_TIMEOUT, attr_timeout=0)
