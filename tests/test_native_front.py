@@ -32,9 +32,6 @@ class FakeOps:
         self.thread = threading.get_ident()
         return "attr"
 
-    async def fsync(self, req):
-        await trio.sleep_forever()
-
     async def readlink(self, req):
         raise KeyError("a bug")
 
@@ -140,27 +137,10 @@ def test_requests_run_on_the_trio_thread_and_missing_ones_are_enosys():
     assert _serve(fn) == errno.EIO
 
 
-def test_an_interrupt_cancels_a_waiting_fsync_with_eintr():
-    def fn(h, trio_thread):
-        done = threading.Event()
-
-        def interrupt():  # until it lands: the first may come before the fsync is registered
-            while not done.wait(0.05):
-                h.interrupt(7)
-        t = threading.Thread(target=interrupt)
-        t.start()
-        try:
-            with pytest.raises(FsError) as e:
-                h.fsync(Fsync(_header(7), 1, 0))
-        finally:
-            done.set()
-            t.join()
-        return e.value.errno
-    assert _serve(fn) == errno.EINTR
-
-
 class WaitingOps:
-    """A request that must wait (as a WRITE for memory) until `room` is set."""
+    """Requests that must wait until `room` is set: a synchronous one that turns out to need
+    memory (`setattr`, as a WRITE: Blocked, the rest on the trio thread), and an FSYNC waiting
+    for the devices (a coroutine, on the trio thread from the start)."""
 
     def __init__(self):
         self.room = None
@@ -174,10 +154,14 @@ class WaitingOps:
         await self.room.wait()
         return "written"
 
+    async def fsync(self, req):
+        return await self.write_rest(req)
 
-def _blocked_write(pid: int, release_after: float | None):
-    """A WRITE from `pid` that waits for memory, interrupted by the kernel (a signal) again and
-    again; room comes after `release_after` seconds (None: never). Its result, or the FsError."""
+
+def _blocked_write(pid: int, release_after: float | None, method: str = "setattr"):
+    """A request from `pid` that waits (`method`: setattr, as a WRITE waiting for memory; fsync,
+    waiting for the devices), interrupted by the kernel (a signal) again and again; room comes
+    after `release_after` seconds (None: never). Its result, or the FsError."""
     out = {}
 
     async def main():
@@ -188,7 +172,9 @@ def _blocked_write(pid: int, release_after: float | None):
 
         def worker():
             try:
-                return h.setattr(Getattr(Header(0, 0, 11, 1, 0, 0, pid), 0, 0))
+                header = Header(0, 0, 11, 1, 0, 0, pid)
+                req = Getattr(header, 0, 0) if method == "setattr" else Fsync(header, 1, 0)
+                return getattr(h, method)(req)
             except FsError as e:
                 return e
 
@@ -220,20 +206,23 @@ def _blocked_write(pid: int, release_after: float | None):
     return out["result"], out["killed"]
 
 
+@pytest.mark.parametrize("method", ["setattr", "fsync"])
 @pytest.mark.parametrize("who", ["alive", "another pid namespace"])
-def test_an_interrupted_write_waiting_for_memory_goes_on_while_its_caller_lives(who):
-    """A signal the caller handles (SIGCHLD, SIGINT in Python) interrupts the request: the write
-    still waits for memory and completes, as a write to an ext4 file is never cut short; where
-    /proc cannot tell (pid 0), it waits as before."""
+def test_an_interrupted_write_or_fsync_that_waits_goes_on_while_its_caller_lives(who, method):
+    """A signal the caller handles (SIGCHLD, SIGINT in Python) interrupts the request: a write
+    still waits for memory and an fsync for the devices, and completes, as on an ext4 file
+    (an fsync once answered EINTR here: Python retries it, Rust's sync_all and most C code do
+    not); where /proc cannot tell (pid 0), it waits as before."""
     pid = os.getpid() if who == "alive" else 0
-    assert _blocked_write(pid, release_after=0.5) == ("written", 0)
+    assert _blocked_write(pid, release_after=0.5, method=method) == ("written", 0)
 
 
-def test_an_interrupted_write_whose_caller_is_being_killed_gives_up_with_eintr():
+@pytest.mark.parametrize("method", ["setattr", "fsync"])
+def test_an_interrupted_write_or_fsync_whose_caller_is_being_killed_gives_up_with_eintr(method):
     child = subprocess.Popen(["sleep", "60"])
     child.kill()
     child.wait()  # gone, as a killed writer's thread is once its exit ends
-    result, killed = _blocked_write(child.pid, release_after=None)
+    result, killed = _blocked_write(child.pid, release_after=None, method=method)
     assert isinstance(result, FsError) and result.errno == errno.EINTR and killed == 1
 
 

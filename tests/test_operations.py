@@ -562,3 +562,55 @@ def test_a_writer_stuck_behind_a_stalled_drain_dies_at_kill_9_and_a_signal_does_
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+
+
+STUCK_FSYNC = r"""
+import ctypes, os, signal, sys
+signal.signal(signal.SIGUSR1, lambda *a: None)  # a handled signal: the kernel interrupts the request
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, bytes(range(256)) * (4 << 10))  # 1 MiB
+rc = libc.fsync(fd)  # libc's, not os.fsync: Python would retry an EINTR and hide it
+print(rc, ctypes.get_errno())
+"""
+
+
+def test_an_fsync_waiting_for_a_stalled_drain_is_not_cut_by_a_signal_and_dies_at_kill_9(throttled):
+    """native engine: two processes fsync 1 MiB each while the devices take 4 KiB/s. A handled
+    signal (SIGUSR1, as a DataLoader's SIGCHLD) does not make fsync fail with EINTR, as it never
+    does on ext4 (it did here: Rust's sync_all and most C callers do not retry); the fsync goes
+    on and returns 0 once the drain runs. The other dies at SIGKILL at once instead of hanging
+    in D state until the devices answer."""
+    m, t = throttled(4096, memory="64M", extra=("--threads", "2"))
+    if m.engine != "native":
+        pytest.skip("pyfuse3 runs every request to the end")
+    procs = {n: subprocess.Popen([sys.executable, "-c", STUCK_FSYNC, str(m.path / n)],
+                                 stdout=subprocess.PIPE, text=True) for n in ("killed", "signalled")}
+    try:
+        def stuck() -> bool:  # both in a FUSE request (their FSYNC) for half a second
+            for _ in range(2):
+                if [open(f"/proc/{p.pid}/wchan").read() for p in procs.values()] != ["request_wait_answer"] * 2:
+                    return False
+                time.sleep(0.25)
+            return all(p.poll() is None for p in procs.values())
+
+        poll(stuck, "both fsyncs to wait for the devices", timeout=60)
+        for _ in range(5):
+            procs["signalled"].send_signal(signal.SIGUSR1)
+            time.sleep(0.1)
+        procs["killed"].kill()
+        procs["killed"].wait(timeout=15)  # without killable waits: stuck in D state
+        time.sleep(0.5)
+        assert procs["signalled"].poll() is None  # still in fsync: no EINTR
+        assert status_json(m)["engine_stats"]["killed"] >= 1
+        t.set(0)
+        out, _ = procs["signalled"].communicate(timeout=120)
+        assert procs["signalled"].returncode == 0 and out.split() == ["0", "0"]
+        ckptfs.wait_durable(m.path / "signalled", timeout=60)
+        assert (m.path / "signalled").read_bytes() == bytes(range(256)) * (4 << 10)
+        assert m.umount().returncode == 0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)

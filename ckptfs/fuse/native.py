@@ -51,19 +51,18 @@ the worker. A READ's reply is made of
 views of the arena slots, pinned (`Chunk.readers`: not freed, evicted or
 written in place) until the reply is written, then released under the lock.
 
-Interrupts: a request the kernel interrupts while it waits for durability
-(FSYNC, FSYNCDIR, SYNCFS) is cancelled on the trio side and answers EINTR
-(POSIX lets fsync say so; Python retries). Any other request that waits on
-the trio thread (a WRITE for memory, a READ for a fetch) is not cut short by
-a signal, as a write to an ext4 file is not: torch.save's writer, fwrite and
-most programs do not expect EINTR from a regular file, and the kernel
-interrupts on every signal the caller handles (a DataLoader's SIGCHLD). But
-once interrupted it watches its caller: when the caller is being killed
-(SIGKILL pending, or gone: `creds.being_killed`) it gives up with EINTR, so
-a trainer stuck behind a stalled drain dies at kill -9 instead of hanging
-in D state until memory frees (`_killable`; the bytes it wrote so far stay
-written, as for any killed writer). pyfuse3 has no such path: there every
-request runs to the end.
+Interrupts: a request that waits on the trio thread (a WRITE for memory, a
+READ for a fetch, an FSYNC, FSYNCDIR or SYNCFS for the devices) is not cut
+short by a signal, as a write or fsync on an ext4 file is not: torch.save's
+writer, fwrite, Rust's `sync_all` and most programs do not expect EINTR from
+a regular file, and the kernel interrupts on every signal the caller handles
+(a DataLoader's SIGCHLD). But once interrupted it watches its caller: when
+the caller is being killed (SIGKILL pending, or gone: `creds.being_killed`)
+it gives up with EINTR, so a trainer stuck behind a stalled drain dies at
+kill -9 instead of hanging in D state until memory frees or the devices
+answer (`_killable`; the bytes it wrote so far stay written, as for any
+killed writer). pyfuse3 has no such path: there every request runs to the
+end.
 
 `NativeEngine` mounts and starts the session (blocking calls: the daemon runs
 them in a thread), waits for it to end (unmounted), and unmounts.
@@ -87,8 +86,8 @@ from .native_ops import WANT, Blocked, Operations
 
 log = logging.getLogger("ckptfs.fuse.native")
 
-# Requests that wait for the devices: an INTERRUPT from the kernel cancels them (EINTR).
-INTERRUPTIBLE = frozenset({"fsync", "fsyncdir", "syncfs"})
+# Requests that wait for the devices, on the trio thread (given up only when the caller is killed).
+WAIT_FOR_DEVICES = frozenset({"fsync", "fsyncdir", "syncfs"})
 # Chunks per request (max_write), each read into its own lent slot: fewer, larger requests cost
 # less Python per GiB (docs/ENGINE.md). Fewer where the arena is small (`request_chunks`).
 REQUEST_CHUNKS = 4
@@ -114,7 +113,6 @@ class TrioHandler:
         self.loop = loop
         self.keep_free = keep_free  # arena slots never lent as receive buffers
         self.session: Session | None = None
-        self._scopes: dict[int, trio.CancelScope] = {}  # unique -> scope, interruptible requests in flight
         self._waiting: dict[int, list] = {}  # unique -> [scope, caller pid, watched], requests waiting on trio
         self.killed = 0  # requests given up because their caller was being killed
         # per worker: .run, the arena slot lent for each chunk-sized position of its payload (or None);
@@ -143,15 +141,15 @@ class TrioHandler:
         if op is None:
             raise AttributeError(name)
         op = getattr(self.ops, name)
-        if name in INTERRUPTIBLE:
-            return lambda req: self._ordered(self._interruptible, op, req, waits=True)
+        if name in WAIT_FOR_DEVICES:
+            return lambda req: self._ordered(self._killable, op, req, waits=True)
         if inspect.iscoroutinefunction(op) or self.loop is None:
             return lambda req: self._ordered(self._run, op, req)
         return lambda req: self._serve(op, req)
 
     def syncfs(self, req) -> None:
         log.info("syncfs", extra={"fields": {"pid": req.header.pid}})
-        return self._ordered(self._interruptible, self.ops.syncfs, req, waits=True)
+        return self._ordered(self._killable, self.ops.syncfs, req, waits=True)
 
     def interrupt(self, target: int) -> None:
         trio.from_thread.run_sync(self._cancel, target, trio_token=self.token)
@@ -347,17 +345,6 @@ class TrioHandler:
         except Exception as exc:  # noqa: BLE001 - the errno decision is errors.py's, as for pyfuse3
             raise FsError(errno=errno_of(exc, req.method)) from None
 
-    async def _interruptible(self, op, req):
-        with trio.CancelScope() as scope:
-            self._scopes[req.unique] = scope
-            try:
-                if self.session is not None and self.session.interrupted(req.unique):
-                    scope.cancel()
-                return await self._run(op, req)
-            finally:
-                del self._scopes[req.unique]
-        raise FsError("interrupted", errno=errno.EINTR)
-
     async def _killable(self, op, req, *args):
         """`_run`, given up with EINTR if, once the kernel interrupted it, its caller turns out to
         be dying (`_watch`); a caller /proc cannot tell about (another pid namespace) is waited
@@ -375,9 +362,6 @@ class TrioHandler:
         raise FsError("the caller is being killed", errno=errno.EINTR)
 
     def _cancel(self, target: int) -> None:
-        scope = self._scopes.get(target)
-        if scope is not None:
-            scope.cancel()
         entry = self._waiting.get(target)
         if entry is not None and not entry[2]:
             entry[2] = True  # one watcher per request
