@@ -144,3 +144,119 @@ def test_random_operations_keep_invariants():
             assert a.free_units(d) == units[d] - sum(1 for k in model if k[0] == d)
     for key, n in model.items():
         assert a.refs(*key) == n
+
+
+# ---- pieces (pools of format version 3: addresses in 4 KiB blocks, 256 per 1 MiB unit) ----
+
+PER = 256
+
+
+def test_small_extents_share_a_unit_in_pieces_of_a_power_of_two_blocks():
+    a = Allocator([4, 4], PER)
+    assert [a.piece_size(n) for n in (0, 1, 4096, 4097, 3 * 4096, 512 << 10, (512 << 10) + 1)] == \
+        [1, 1, 1, 2, 4, 128, None]
+    assert Allocator([4], 1).piece_size(1) is None  # a version-2 pool: always whole units
+    got = [a.alloc(0, 3000) for _ in range(3)]
+    assert got == [(0, 0), (0, 1), (0, 2)]  # three 4 KiB pieces of unit 0
+    assert a.alloc(0, 10_000) == (0, PER)  # another size: its own unit (1), a piece of 4 blocks
+    assert a.alloc(0, 10_000) == (0, PER + 4)
+    assert a.alloc(0) == (0, 2 * PER)  # a whole unit
+    assert a.used_units() == 3 and a.free_units(0) == 1
+    a.check_invariants()
+    for dev, addr in got:
+        a.release(dev, addr)
+    assert a.used_units() == 2 and a.free_units(0) == 2  # unit 0 is whole and free again
+    a.check_invariants()
+
+
+def test_a_full_unit_of_pieces_moves_on_and_freed_pieces_are_reused():
+    a = Allocator([3], PER)
+    size = 128 << 10  # 32 blocks: 8 pieces per unit
+    got = [a.alloc(0, size) for _ in range(9)]
+    assert [addr // PER for _, addr in got] == [0] * 8 + [1]
+    assert a.free_units(0) == 1
+    a.release(*got[3])
+    assert a.alloc(0, size) == got[3]  # a split unit with room before a new one
+    a.check_invariants()
+
+
+def test_pieces_go_elsewhere_when_the_preferred_device_is_full():
+    a = Allocator([1, 2], PER)
+    a.alloc(0)
+    assert a.alloc(0, 100)[0] == 1
+    b = Allocator([1, 1], PER)
+    first = b.alloc(1, 100)
+    b.alloc(0)
+    assert b.alloc(0, 100) == (1, first[1] + 1)  # device 0 full: a split unit of device 1
+    with pytest.raises(NoSpace):
+        b.alloc(1, 100_000)  # pieces of another size need a unit of their own: none is left
+    with pytest.raises(NoSpace):
+        b.alloc(0)
+    b.check_invariants()
+
+
+def test_claim_rebuilds_pieces_from_lengths_and_refuses_overlaps():
+    a = Allocator([4], PER)
+    a.claim(0, PER + 8, 10_000)  # a 4-block piece at block 8 of unit 1
+    a.claim(0, PER + 8)  # one more reference (pinning): no length needed
+    assert a.refs(0, PER + 8) == 2 and a.used_units() == 1
+    a.check_invariants()
+    for addr, length in ((PER + 9, 10_000), (PER + 16, 3000), (PER, None), (PER + 2, 1 << 20)):
+        with pytest.raises(ValueError):
+            a.claim(0, addr, length)  # misaligned, another size in the same unit, a whole unit over it
+    a.claim(0, 0)  # whole unit 0
+    with pytest.raises(ValueError):
+        a.claim(0, 4, 3000)  # a piece inside it
+    assert a.alloc(0, 10_000) == (0, PER)  # the free pieces of unit 1 are handed out
+    a.check_invariants()
+    a.release(0, PER + 8)
+    a.release(0, PER + 8)
+    a.release(0, PER)
+    assert a.used_units() == 1 and a.free_units(0) == 3
+    a.check_invariants()
+
+
+def test_random_pieces_never_overlap_and_free_units_come_back():
+    """A model of what is referenced: extents as block ranges; none may overlap while referenced,
+    and once all are released every unit is free again."""
+    rng = random.Random(99)
+    units = [rng.randrange(1, 12) for _ in range(3)]
+    a = Allocator(units, PER)
+    model: dict[tuple[int, int], list] = {}  # (dev, addr) -> [refs, blocks it spans]
+    for _ in range(6000):
+        op = rng.random()
+        if op < 0.5:
+            length = rng.choice([None, rng.randrange(1, 1 << 20), rng.randrange(1, 20_000)])
+            try:
+                key = a.alloc(rng.randrange(3), length)
+            except NoSpace:
+                continue
+            size = PER if length is None else (a.piece_size(length) or PER)
+            assert key not in model and key[1] % size == 0
+            start, end = key[1], key[1] + size
+            for (d, other), (_, span) in model.items():
+                assert d != key[0] or end <= other or other + span <= start, "overlapping extents"
+            model[key] = [1, size]
+        elif op < 0.6 and model:
+            key = rng.choice(sorted(model))
+            a.claim(*key)
+            model[key][0] += 1
+        elif model:
+            key = rng.choice(sorted(model))
+            a.release(*key)
+            model[key][0] -= 1
+            if not model[key][0]:
+                del model[key]
+        a.check_invariants()
+    rebuilt = Allocator(units, PER)  # what a mount rebuilds from the same extents
+    for (dev, addr), (n, size) in model.items():
+        for _ in range(n):
+            rebuilt.claim(dev, addr, size * 4096 if size < PER else None)
+    rebuilt.check_invariants()
+    assert rebuilt.free_units() == a.free_units()
+    for key, (n, _) in model.items():
+        assert a.refs(*key) == n == rebuilt.refs(*key)
+        for _ in range(n):
+            a.release(*key)
+    assert a.free_units() == sum(units) and a.used_units() == 0
+    a.check_invariants()

@@ -155,6 +155,81 @@ def test_enospc_when_devices_are_full_then_usable_after_delete(ckpt_factory):
     assert not (m.path / "too-big").exists()
 
 
+def _small_files(root, seed: int) -> dict:
+    """400 files of 1 B to 20 KB, 20 of 100-600 KB, and one of 3 MiB + 5000 B (a tail)."""
+    rng = random.Random(seed)
+    sizes = [rng.randrange(1, 20_000) for _ in range(400)] + [rng.randrange(100_000, 600_000) for _ in range(20)]
+    files = {root / f"s{i}": rng.randbytes(n) for i, n in enumerate(sizes)}
+    files[root / "tail"] = rng.randbytes((3 << 20) + 5000)
+    for p, data in files.items():
+        p.write_bytes(data)
+    return files
+
+
+def test_small_files_share_device_units_and_survive_kill_9(ckpt_factory):
+    """A chunk of at most half a unit takes a piece of one (4 KiB blocks, a power of two of
+    them), not a whole 1 MiB unit: 421 small files fit two 100 MB devices (70 units), and
+    after a SIGKILL the next mount rebuilds which pieces are taken from the journal alone:
+    every file is whole, new files do not land on old ones, fsck is clean."""
+    from mounting import ckptfs
+    m = ckpt_factory(memory="256M", ndev=2, dev_size=100 << 20)
+    m.mount()
+    (m.path / "a").mkdir()
+    files = _small_files(m.path / "a", seed=8)
+    assert ckptfs("sync", str(m.path)).returncode == 0
+    used = _status(m)["pool"]["used"]  # whole units each: 424 MiB, more than the devices hold
+    assert used <= 40 << 20, f"{used >> 20} MiB of the devices for {sum(map(len, files.values())) >> 20} MiB"
+    m.kill()
+    m.mount()
+    assert _status(m)["pool"]["used"] == used  # the same pieces, rebuilt from the journal
+    (m.path / "b").mkdir()
+    more = _small_files(m.path / "b", seed=9)  # allocated around what the journal holds
+    for p in list(files)[::2]:
+        os.unlink(p)
+        del files[p]
+    assert m.umount().returncode == 0
+    res = ckptfs("fsck", "--devices", m.device_arg)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m.mount()
+    for p, data in {**files, **more}.items():
+        assert p.read_bytes() == data, p
+
+
+def test_a_version_2_pool_keeps_whole_units_per_chunk(ckpt_factory):
+    """A pool formatted before version 3 names whole units in its journal: this version mounts
+    it, gives each chunk a whole unit as before, reads back what it wrote, and leaves it at 2."""
+    from dataclasses import replace
+    from ckptfs.format.layout import SB_SIZE, Superblock
+    from mounting import ckptfs
+    m = ckpt_factory(memory="128M", ndev=2, dev_size=100 << 20)
+    ckptfs("format", "--devices", m.device_arg, check=True)
+
+    def versions(set_to=None):
+        out = []
+        for d in m.devices:
+            with open(d, "r+b") as f:
+                sb = Superblock.decode(f.read(SB_SIZE))
+                if set_to is not None:
+                    f.seek(0)
+                    f.write(replace(sb, version=set_to).encode())
+                out.append(sb.version)
+        return out
+
+    assert versions(set_to=2) == [3, 3]
+    m.formatted = True
+    m.mount()
+    data = {m.path / f"f{i}": os.urandom(1000 * (i + 1)) for i in range(5)}
+    for p, b in data.items():
+        p.write_bytes(b)
+    assert ckptfs("sync", str(m.path)).returncode == 0
+    assert _status(m)["pool"]["used"] == 5 << 20  # one 1 MiB unit each
+    m.kill()
+    m.mount()
+    assert all(p.read_bytes() == b for p, b in data.items())
+    assert m.umount().returncode == 0
+    assert versions() == [2, 2]
+
+
 def test_fsync_absorb_mode_returns_and_umount_still_drains(ckpt_factory):
     m = ckpt_factory(memory="256M", extra=("--fsync", "absorb"))
     m.mount()

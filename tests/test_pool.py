@@ -12,7 +12,7 @@ import pytest
 
 from ckptfs.errors import UsageError
 from ckptfs.format.journal import Extent, encode_frame
-from ckptfs.format.layout import ANCHOR_SLOTS, FORMAT_VERSION, SB_SIZE, Anchor, Superblock
+from ckptfs.format.layout import ANCHOR_SLOTS, ANCHORED_VERSION, SB_SIZE, Anchor, Superblock
 from ckptfs.fs.namespace import ROOT_INO
 from ckptfs.store.pool import format_pool, fsck, open_pool, recover, upgrade_superblocks
 from faulty import make_faulty
@@ -76,6 +76,30 @@ def test_recover_replays_commits_and_claims_their_extents():
     rec = recover(open_pool(devs))
     assert rec.seq == 3 and rec.durable.ns.get(2).size == 10
     assert rec.durable.alloc.refs(0, 3) == 1 and rec.durable.alloc.used_units() == 1
+
+
+def test_pieces_freed_and_used_again_replay_and_serve():
+    """A 3000-byte chunk takes a 4 KiB piece of unit 0 (its second); the file then grows past half a unit
+    and moves to unit 1, unit 0 is whole and free again, and another file's 30 KB chunk takes
+    an 8-block piece of it. Replay follows the records in order, and the live namespace (a
+    second replay) gets one more reference on each extent it serves, none on the old piece."""
+    from types import SimpleNamespace
+    from ckptfs.store.pool import live_namespace
+    devs = fresh()
+    per = CHUNK // 4096
+    append_commits(devs, [[("make", ROOT_INO, b"f", REG, 0, 0, 0, b"", 2, 5),
+                           ("make", ROOT_INO, b"g", REG, 0, 0, 0, b"", 3, 5)],
+                          [("content", 2, 3000, 6, 6, [(0, Extent(0, 1, 3000, 0))])],
+                          [("content", 2, 60_000, 7, 7, [(0, Extent(0, per, 60_000, 0))])],
+                          [("content", 3, 30_000, 8, 8, [(0, Extent(0, 0, 30_000, 0))])]])
+    rec = recover(open_pool(devs))
+    alloc = rec.durable.alloc
+    assert alloc.per_unit == per and alloc.used_units() == 2
+    assert (alloc.refs(0, 0), alloc.refs(0, per)) == (1, 1)
+    ns = live_namespace(rec.records, alloc, SimpleNamespace(chunk_size=CHUNK))
+    assert (alloc.refs(0, 0), alloc.refs(0, per), alloc.refs(0, 1)) == (2, 2, 0)
+    assert ns.get(3).data.chunks[0].extent == Extent(0, 0, 30_000, 0)
+    alloc.check_invariants()
 
 
 def test_the_longest_mirror_wins():
@@ -286,7 +310,7 @@ def test_a_version_1_pool_is_read_and_upgraded():
     rec = recover(pool)
     assert rec.warnings == [] and rec.anchor_gen == 0 and not rec.clean
     assert upgrade_superblocks(pool.devices, pool.sbs)
-    assert {sb_of(d).version for d in devs} == {FORMAT_VERSION}
+    assert {sb_of(d).version for d in devs} == {ANCHORED_VERSION}  # not 3: its addresses differ
     assert not upgrade_superblocks(pool.devices, [sb_of(d) for d in devs])
 
 

@@ -7,6 +7,7 @@ Every device of a pool starts with the same layout (docs/FORMAT.md has every byt
     1 MiB        journal half A  (journal_half bytes)
     1 MiB + h    journal half B  (journal_half bytes)
     data_off     data units of chunk_size bytes, up to the end of the device
+                 (from version 3, a unit may be split into pieces for small chunks)
 
 The first MiB apart from the superblock is left zero. `data_off` is aligned to
 the chunk size, so every data unit is aligned for O_DIRECT.
@@ -20,8 +21,10 @@ from dataclasses import dataclass
 import crc32c
 
 SB_MAGIC = b"CKPTFSSB"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 (no anchors) is upgraded in place at mount
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # version 1 (no anchors) is upgraded in place to 2 at mount
+ANCHORED_VERSION = 2  # anchors from here on
+PIECES_VERSION = 3  # extent addresses in 4 KiB blocks from here on (small chunks take pieces of a unit)
 ANCHOR_MAGIC = b"CKPTFSAN"
 ANCHOR_SLOTS = (4096, 8192)  # generation g goes to slot g % 2: a torn write spares the other
 SB_SIZE = 4096
@@ -83,8 +86,15 @@ class Superblock:
     def half_offset(self, half: int) -> int:
         return self.journal_off + half * self.journal_half
 
+    @property
+    def grain(self) -> int:
+        """Bytes per step of an extent's address (`Extent.unit`): a whole unit before version 3,
+        4 KiB from it (a small chunk takes a piece of a unit, store/allocator.py)."""
+        return BLOCK if self.version >= PIECES_VERSION else self.chunk_size
+
     def unit_offset(self, unit: int) -> int:
-        return self.data_off + unit * self.chunk_size
+        """Where on the device the extent at address `unit` starts."""
+        return self.data_off + unit * self.grain
 
 
 # magic, pool id, generation, epoch, half, clean, seq, time (ns), then crc32c of all that

@@ -231,7 +231,7 @@ class Drainer:
         placed = []  # (chunk, dev, unit, gen, hwm)
         for i, chunk in enumerate(batch):
             try:
-                dev, unit = h.alloc.alloc(pref)
+                dev, unit = h.alloc.alloc(pref, chunk.hwm)
             except NoSpace:
                 await h.retry_later(DevicesFull(f"no room on any device for {len(batch) - i} chunk(s)"),
                                     [c.ino for c in batch[i:]])
@@ -246,7 +246,7 @@ class Drainer:
                 h.alloc.release(p[1], p[2])  # evicted, changed or dropped while we waited for room
                 continue
             last = runs[-1][-1] if runs else None
-            if (last is not None and last[1] == p[1] and last[2] + 1 == p[2]
+            if (last is not None and last[1] == p[1] and last[2] + h.alloc.per_unit == p[2]
                     and round_up(last[4]) == h.chunk_size):
                 runs[-1].append(p)
             else:
@@ -352,7 +352,7 @@ class Drainer:
         for dev, unit, _, c in todo:
             if run:
                 last = run[-1].extent
-                if (dev != last.dev or unit != last.unit + 1 or round_up(last.length) != cs
+                if (dev != last.dev or unit != last.unit + self.host.alloc.per_unit or round_up(last.length) != cs
                         or len(run) >= FETCH_RUN):
                     self.nursery.start_soon(self._prefetch_run, run)
                     run = []
@@ -375,7 +375,8 @@ class Drainer:
         h = self.host
         run = [c for c in run if self._missing(c)]  # still: another fetch may have started meanwhile
         exts = [c.extent for c in run]
-        if not run or any(e.dev != exts[0].dev or e.unit != exts[0].unit + i for i, e in enumerate(exts)):
+        step = h.alloc.per_unit
+        if not run or any(e.dev != exts[0].dev or e.unit != exts[0].unit + i * step for i, e in enumerate(exts)):
             return
         slots = []
         try:

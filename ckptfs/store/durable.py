@@ -92,7 +92,7 @@ class DurableState:
 
     def set_content(self, inode: Inode, size: int, mtime: int, ctime: int, extents: FileExtents) -> None:
         for ext in extents.values():
-            self.alloc.claim(ext.dev, ext.unit)
+            self.alloc.claim(ext.dev, ext.unit, ext.length)
         for ext in self.files.get(inode.ino, {}).values():
             self.alloc.release(ext.dev, ext.unit)
         self.files[inode.ino] = extents

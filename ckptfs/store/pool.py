@@ -28,7 +28,7 @@ from .durable import DurableState
 from ..errors import UsageError
 from ..fs.filemap import Chunk, FileData
 from ..format.journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
-from ..format.layout import (ANCHOR_SLOTS, DEFAULT_JOURNAL_HALF, FORMAT_VERSION, SB_SIZE, Anchor, FormatError,
+from ..format.layout import (ANCHOR_SLOTS, ANCHORED_VERSION, DEFAULT_JOURNAL_HALF, SB_SIZE, Anchor, FormatError,
                      Superblock, foreign_signature, make_superblocks, min_device_size)
 from ..fs.namespace import ROOT_INO, Namespace
 
@@ -164,7 +164,7 @@ def open_pool(paths: list) -> Pool:
             if sb.index != pos:
                 raise UsageError(f"device {d.path} is device {sb.index} of its pool but was given in "
                                  f"position {pos}: list the devices in their original order", 1)
-            if sb.chunk_size != first.chunk_size or sb.journal_half != first.journal_half:
+            if (sb.chunk_size, sb.journal_half, sb.grain) != (first.chunk_size, first.journal_half, first.grain):
                 raise UsageError(f"device {d.path} disagrees with {devs[0].path} on the pool layout", 1)
             if d.size < sb.device_size:
                 raise UsageError(f"device {d.path} is smaller ({d.size} bytes) than when it was "
@@ -194,12 +194,13 @@ def read_anchor(pool: Pool) -> Anchor | None:
 
 
 def upgrade_superblocks(devices: list, sbs: list[Superblock]) -> bool:
-    """Rewrite older superblocks as the current version (call once anchors are written: a crash
-    before this leaves a version-1 pool whose anchors version 1 ignores)."""
-    if all(sb.version == FORMAT_VERSION for sb in sbs):
+    """Rewrite version-1 superblocks as version 2 (call once anchors are written: a crash before
+    this leaves a version-1 pool whose anchors version 1 ignores). Not to version 3: its extent
+    addresses count 4 KiB blocks, not units, so an older pool keeps whole units per chunk."""
+    if all(sb.version >= ANCHORED_VERSION for sb in sbs):
         return False
     for d, sb in zip(devices, sbs):
-        _write_block(d, 0, replace(sb, version=FORMAT_VERSION).encode())
+        _write_block(d, 0, replace(sb, version=ANCHORED_VERSION).encode())
         d.flush()
     return True
 
@@ -239,7 +240,7 @@ def recover(pool: Pool, *, force: bool = False) -> Recovered:
     if rollback and not force:
         raise UsageError(f"{rollback}; refusing to mount an older state silently: run 'ckptfs fsck', "
                          f"then mount with --force-recover to accept it", 1)
-    if anchor is None and any(sb.version >= 2 for sb in pool.sbs):
+    if anchor is None and any(sb.version >= ANCHORED_VERSION for sb in pool.sbs):
         warnings.append("no valid journal anchor on any device: cannot check that the newest journal "
                         "half survived, nor whether the last unmount was clean")
     discarded = []
@@ -249,7 +250,7 @@ def recover(pool: Pool, *, force: bool = False) -> Recovered:
     if best.torn_at is not None:
         discarded.append(f"an incomplete commit (torn by the crash) at offset {best.torn_at} of journal "
                          f"half {best_half} on {pool.devices[best_dev].path}")
-    alloc = Allocator([sb.data_units for sb in pool.sbs])
+    alloc = Allocator([sb.data_units for sb in pool.sbs], pool.sbs[0].chunk_size // pool.sbs[0].grain)
     durable = DurableState(alloc)
     try:
         for rec in best.records:
@@ -281,12 +282,16 @@ def _rollback(pool: Pool, anchor: Anchor | None, best: HalfReplay) -> str | None
 def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
     """A namespace for serving, replayed from `records`; file data becomes evicted chunks.
 
-    Replaying through a second DurableState on the same allocator claims each
-    extent a second time: that reference belongs to the live chunk.
+    The replay runs on an allocator of its own (the records' earlier extents may overlap
+    what `alloc` holds now: space freed and used again); then each extent of the result
+    is claimed on `alloc` a second time: that reference belongs to the live chunk.
     """
-    live = DurableState(alloc)
+    live = DurableState(Allocator(alloc.units, alloc.per_unit))
     for rec in records:
         live.apply(rec)
+    for extents in live.files.values():
+        for ext in extents.values():
+            alloc.claim(ext.dev, ext.unit, ext.length)
     ns = live.ns
     ns.clock = time.time_ns
     for ino, extents in live.files.items():
@@ -313,7 +318,7 @@ def fsck(paths: list) -> list[str]:
             problems.append(rec.rollback)
         seen: dict[tuple[int, int], tuple[int, int]] = {}
         for ino, idx, ext in rec.durable.extents():
-            where = f"inode {ino} chunk {idx} on {pool.devices[ext.dev].path} unit {ext.unit}"
+            where = f"inode {ino} chunk {idx} on {pool.devices[ext.dev].path} address {ext.unit}"
             key = (ext.dev, ext.unit)
             if key in seen and seen[key] != (ino, idx):
                 problems.append(f"{where}: unit also used by inode {seen[key][0]} chunk {seen[key][1]}")
