@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for d in devices:
             d.unlink(missing_ok=True)
-    print(f"format version {args.format_version}, engine {args.engine}: {files} files, du {held / MiB:.1f} MiB, devices used {used / MiB:.1f} MiB "
-          f"({used / max(held, 1):.2f}x du), written in {elapsed:.1f} s")
+    print(f"format version {args.format_version}, engine {args.engine}: {files} files, du {held / MiB:.1f} MiB, "
+          f"devices used {used / MiB:.1f} MiB ({used / max(held, 1):.2f}x du), written in {elapsed:.1f} s")
     return 0
 
 

@@ -33,8 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import NoSpace
-
-BLOCK = 4096  # a piece is a power of two of these
+from ..format.layout import BLOCK, round_up
 
 
 @dataclass
@@ -76,7 +75,7 @@ class Allocator:
     def piece_size(self, length: int) -> int | None:
         """Addresses taken by a piece for an extent of `length` bytes, or None when it takes a
         whole unit (more than half a unit, or a pool without pieces)."""
-        blocks = max(1, -(-length // BLOCK))
+        blocks = max(1, round_up(length) // BLOCK)
         if blocks > self.per_unit // 2:
             return None
         return 1 << (blocks - 1).bit_length()
@@ -109,26 +108,32 @@ class Allocator:
 
     def _alloc_piece(self, dev: int, size: int) -> tuple[int, int]:
         # a split unit of the preferred device, a new split there, a split unit elsewhere, a new one
-        dev_wanted = dev
         if not self._partial.get((dev, size)) and not self.free_units(dev):
-            dev = next((d for d in range(self.ndev) if self._partial.get((d, size))), None)
-            if dev is None:
-                dev = self._room(dev_wanted)
-        partial = self._partial.setdefault((dev, size), set())
+            others = [d for d in range(self.ndev) if self._partial.get((d, size))]
+            dev = others[0] if others else self._room(dev)
+        partial = self._partial.get((dev, size))
         if partial:
             unit = next(iter(partial))
             sp = self._split[(dev, unit)]
         else:
             unit = self._take(dev)
-            sp = self._split[(dev, unit)] = _Split(size, set(range(0, self.per_unit, size)))
-            partial.add(unit)
+            sp = self._split_unit(dev, unit, size)
         off = min(sp.free)
-        sp.free.remove(off)
-        if not sp.free:
-            partial.discard(unit)
+        self._take_piece(dev, unit, sp, off)
         addr = unit * self.per_unit + off
         self._refs[(dev, addr)] = 1
         return dev, addr
+
+    def _split_unit(self, dev: int, unit: int, size: int) -> _Split:
+        """Cut a unit just taken into pieces of `size` addresses, all free."""
+        sp = self._split[(dev, unit)] = _Split(size, set(range(0, self.per_unit, size)))
+        self._partial.setdefault((dev, size), set()).add(unit)
+        return sp
+
+    def _take_piece(self, dev: int, unit: int, sp: _Split, off: int) -> None:
+        sp.free.remove(off)
+        if not sp.free:
+            self._partial[(dev, sp.size)].discard(unit)
 
     def claim(self, dev: int, addr: int, length: int | None = None) -> None:
         """Add a reference to an extent: one already referenced (pinning), or one a record names
@@ -152,11 +157,8 @@ class Allocator:
                 raise ValueError(f"device {dev} address {addr}: a piece of {size} overlaps other pieces")
             if sp is None:
                 self._claim_unit(dev, unit)
-                sp = self._split[(dev, unit)] = _Split(size, set(range(0, self.per_unit, size)))
-                self._partial.setdefault((dev, size), set()).add(unit)
-            sp.free.remove(off)
-            if not sp.free:
-                self._partial[(dev, size)].discard(unit)
+                sp = self._split_unit(dev, unit, size)
+            self._take_piece(dev, unit, sp, off)
         self._refs[key] = 1
 
     def _claim_unit(self, dev: int, unit: int) -> None:

@@ -289,14 +289,12 @@ def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
     live = DurableState(Allocator(alloc.units, alloc.per_unit))
     for rec in records:
         live.apply(rec)
-    for extents in live.files.values():
-        for ext in extents.values():
-            alloc.claim(ext.dev, ext.unit, ext.length)
     ns = live.ns
     ns.clock = time.time_ns
     for ino, extents in live.files.items():
         fd = FileData(owner, ino)
         for idx, ext in extents.items():
+            alloc.claim(ext.dev, ext.unit, ext.length)
             c = Chunk(None, ino, idx)
             c.hwm = ext.length
             c.extent = ext
