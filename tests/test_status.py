@@ -320,6 +320,29 @@ def test_metrics_collector_exports_counters_that_move():
         e.close()
 
 
+def test_receive_buffers_lent_to_workers_are_not_reported_as_undrained():
+    """The native engine's workers hold free slots as receive buffers: once everything is
+    durable, memory shows them as lent, not as data not yet on the devices (status once
+    said "10 MiB not yet on the devices" next to "Everything is durable")."""
+    e = Env(make_devices(2))
+    try:
+        e.p.write_file("/m", os.urandom(3 * CS), fsync=True)
+        lent = e.d.call_sync(lambda: [e.d.store.arena.lend_nowait() for _ in range(4)])
+        mem = e.snap()["memory"]
+        assert mem["lent"] == 4 * CS
+        assert mem["undrained"] == 0
+        assert mem["used"] == mem["cached"] + mem["lent"] + mem["undrained"]
+        assert read_metrics_memory(e)["lent"] == 4 * CS
+        e.d.call_sync(lambda: [e.d.store.arena.unlend(s) for s in lent])
+        assert e.snap()["memory"]["lent"] == 0
+    finally:
+        e.close()
+
+
+def read_metrics_memory(e) -> dict:
+    return e.d.call_sync(read_metrics, e.d.store, e.d.monitor)["memory"]
+
+
 def test_metrics_collector_exports_nothing_when_the_daemon_is_gone():
     def broken():
         raise trio.RunFinishedError("gone")

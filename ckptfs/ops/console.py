@@ -104,8 +104,9 @@ def render(st: dict, limit: int = 20):
     parts.append(dev)
 
     mem = st["memory"]
+    lent = f", {human_bytes(mem['lent'])} receive buffers" if mem.get("lent") else ""
     parts.append(Text(f"Memory: {human_bytes(mem['arena'])} arena; {human_bytes(mem['undrained'])} not yet on "
-                      f"the devices, {human_bytes(mem['cached'])} cached, {human_bytes(mem['free'])} free"))
+                      f"the devices, {human_bytes(mem['cached'])} cached{lent}, {human_bytes(mem['free'])} free"))
 
     if st.get("restore"):
         parts.append(restore_line(st["restore"]))

@@ -13,7 +13,7 @@ Metrics (all prefixed ``ckptfs_``):
     bytes_skipped_total         bytes never drained because they went stale first
                                 (deleted, truncated or overwritten)
     drain_latency_seconds       histogram: a close or fsync until its data is durable
-    memory_bytes{kind}          the arena: capacity, undrained, cached, free
+    memory_bytes{kind}          the arena: capacity, undrained, cached, lent, free
     backpressure_waits_total    writes that found the memory budget full and waited
     backpressure_wait_seconds_total   time they spent waiting
     device_written_bytes_total{device}, device_read_bytes_total{device}
@@ -80,7 +80,7 @@ def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = No
         "absorbed": st.bytes_absorbed, "drained": st.bytes_drained, "skipped": st.bytes_skipped,
         "latency": {"buckets": lat.cumulative(), "sum": lat.sum, "count": lat.count},
         "memory": {"capacity": st.arena, "undrained": st.arena_undrained, "cached": st.arena_cached,
-                   "free": st.arena_free},
+                   "lent": st.arena_lent, "free": st.arena_free},
         "backpressure_waits": monitor.backpressure_waits, "backpressure_seconds": monitor.backpressure_seconds,
         "devices": devices, "files": by_state,
         "records_pending": st.records_pending, "records_voided": st.records_voided,
@@ -159,7 +159,8 @@ class StoreCollector:
         out.append(HistogramMetricFamily("ckptfs_drain_latency_seconds",
                                          "Seconds from a close or fsync until its data is durable.",
                                          buckets=buckets, sum_value=lat["sum"]))
-        mem = GaugeMetricFamily("ckptfs_memory_bytes", "The memory arena: capacity, undrained, cached, free.",
+        mem = GaugeMetricFamily("ckptfs_memory_bytes", "The memory arena: capacity, undrained, cached, lent (receive "
+                                "buffers of the FUSE workers), free.",
                                 labels=["kind"])
         for kind, v in m["memory"].items():
             mem.add_metric([kind], v)

@@ -35,7 +35,8 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       interval), write_bps, read_bps, bytes_written, bytes_read,
                       writes, reads, errors}]
     memory            arena, chunk_size, used, undrained (not yet on a device),
-                      cached (on a device, kept for reads), free
+                      cached (on a device, kept for reads), lent (free slots lent to
+                      the native engine's workers as receive buffers), free
     files             [{path (None: no name left), ino, state, errno, size, bytes
                       (to be on the devices), drained, progress (0..1)}], failed
                       first, then draining, then memory; files_omitted past --limit
@@ -160,7 +161,8 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
             "writes": d.writes, "reads": d.reads, "errors": d.errors,
         })
     memory = {"arena": st.arena, "chunk_size": st.chunk_size, "used": st.arena_used,
-              "undrained": st.arena_undrained, "cached": st.arena_cached, "free": st.arena_free}
+              "undrained": st.arena_undrained, "cached": st.arena_cached, "lent": st.arena_lent,
+              "free": st.arena_free}
     wanted = set(st.files) | ({st.oldest_closed[0]} if st.oldest_closed else set())
     paths = paths_of(store.ns, wanted) if store.ns is not None else {}
     files = sorted(st.files.values(), key=lambda f: (_ORDER.get(f.state, 3), paths.get(f.ino) or ""))

@@ -119,6 +119,7 @@ class StoreStats:
     arena: int
     arena_used: int
     arena_cached: int  # on a device too, kept for reads (evictable)
+    arena_lent: int  # free slots lent to the FUSE workers as receive buffers (no file data yet)
     arena_free: int
     devices: tuple[DeviceSnapshot, ...]
     files: dict  # ino -> FileState of every file not durable
@@ -132,7 +133,7 @@ class StoreStats:
 
     @property
     def arena_undrained(self) -> int:
-        return max(0, self.arena_used - self.arena_cached)
+        return max(0, self.arena_used - self.arena_cached - self.arena_lent)
 
     @property
     def all_durable(self) -> bool:
@@ -525,7 +526,7 @@ class Store:
             chunk_size=cs, bytes_absorbed=self.bytes_absorbed, bytes_drained=self.bytes_drained,
             bytes_skipped=self.bytes_skipped, bytes_in_memory=in_memory,
             arena=self.arena.capacity, arena_used=self.arena.used_slots * cs, arena_cached=cached * cs,
-            arena_free=self.arena.free_slots * cs, devices=devices, files=self.file_states(),
+            arena_lent=self.arena.lent_slots * cs, arena_free=self.arena.free_slots * cs, devices=devices, files=self.file_states(),
             records_pending=len(self.log.pending), records_voided=self.log.records_voided,
             lag=self.log.lag(), max_lag=self.max_lag, oldest_closed=self.log.oldest_closed(),
             last_error=self.last_error, recovery=dict(self.recovery))
