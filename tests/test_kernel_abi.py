@@ -452,3 +452,15 @@ def test_negotiate_refuses_other_protocols():
         negotiate(init_req(0, minor=22))
     _, neg = negotiate(init_req(0, minor=31))
     assert neg.minor == 31
+
+
+def test_raising_max_pages_limit_stops_at_the_kernels_ceiling(tmp_path):
+    """With 16 MiB chunks the session wishes for 65537 pages (256 MiB READs); the sysctl refuses
+    anything past 65535 (EINVAL), which used to leave the limit where it was with a warning."""
+    from ckptfs.fuse.kernel.mount import MAX_MAX_PAGES, raise_max_pages_limit
+    sysctl = tmp_path / "max_pages_limit"
+    sysctl.write_text("256\n")
+    assert raise_max_pages_limit(1025, str(sysctl)) == 1025
+    assert raise_max_pages_limit(512, str(sysctl)) == 1025  # never lowered
+    assert raise_max_pages_limit(65537, str(sysctl)) == MAX_MAX_PAGES == 65535
+    assert sysctl.read_text().strip() == "65535"

@@ -34,6 +34,7 @@ log = logging.getLogger("ckptfs.fuse.kernel")
 
 DEVICE = "/dev/fuse"
 MAX_PAGES_LIMIT_PATH = "/proc/sys/fs/fuse/max_pages_limit"
+MAX_MAX_PAGES = 65535  # the sysctl's ceiling: fuse_init_out.max_pages is 16 bits
 FUSERMOUNT = "fusermount3"
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -140,7 +141,9 @@ def raise_max_pages_limit(pages: int, path: str = MAX_PAGES_LIMIT_PATH) -> int:
     """Raise fs.fuse.max_pages_limit to `pages` if it is lower (root only); returns the limit in force.
 
     The sysctl is machine-wide but only a ceiling: other mounts keep what they negotiated.
+    A wish past the kernel's ceiling (large chunks: 16 MiB READs of 16 chunks) gets the ceiling.
     """
+    pages = min(pages, MAX_MAX_PAGES)
     current = max_pages_limit(path)
     if pages <= current:
         return current
