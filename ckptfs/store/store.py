@@ -222,8 +222,9 @@ class Store:
         return self.arena.view(slot)
 
     def undrained(self) -> int:
-        """Chunks that will need a device unit: waiting to drain, or draining now."""
-        return len(self.unsealed) + self.drainer.queued() + self.drainer.in_flight
+        """Chunks that will need device space: waiting to drain, or taken for a drain and not
+        given any yet (those being written have theirs)."""
+        return len(self.unsealed) + self.drainer.queued() + self.drainer.taken()
 
     def _undrained_chunks(self):
         yield from self.unsealed.values()
