@@ -228,7 +228,7 @@ def test_small_files_held_open_near_full_count_as_pieces(ckpt_factory):
         for fd in fds:
             os.close(fd)
     res = ckptfs("sync", str(m.path))
-    assert res.returncode == 0, res.stderr + m.log_text()
+    assert res.returncode == 0, res.stderr
     st = _status(m)
     assert not st["files"] and st["totals"]["files_failed"] == 0
     assert m.umount().returncode == 0

@@ -118,34 +118,3 @@ def test_random_admissions_always_drain_and_refusals_are_real():
                 r.changed()
             assert a.fits(Counter(a.piece_size(c.hwm) for c in undrained)), seed
         a.check_invariants()
-
-
-def test_file_data_asks_for_room_for_what_each_write_adds():
-    """FileData calls reserve for a new chunk at the size the write gives it, for a chunk that
-    grows past its piece size, and as a new chunk for a copy of one a commit holds (that one
-    still drains as it was): nothing becomes undrained without the check."""
-    from ckptfs.fs.arena import Arena
-    from ckptfs.fs.filemap import FileData, MemoryOwner
-
-    class Recording(MemoryOwner):
-        def __init__(self, arena):
-            super().__init__(arena)
-            self.asked = []
-
-        def reserve(self, chunk=None, hwm=None):
-            self.asked.append(("new" if chunk is None else "grow", hwm))
-
-    cs = 64 << 10
-    owner = Recording(Arena(16 * cs, cs))
-    fd = FileData(owner, 5)
-    fd.write(0, b"a" * 3000)
-    fd.write(3000, b"b" * 1000)
-    fd.write(4000, b"c" * 10_000)
-    assert owner.asked == [("new", 3000), ("grow", 4000), ("grow", 14_000)]
-    owner.asked.clear()
-    fd.chunks[0].pins = 1  # a commit captured it
-    fd.write(0, b"d" * 100)  # within what it holds: a copy, new device space
-    assert owner.asked == [("new", 14_000)]
-    owner.asked.clear()
-    fd.write(cs - 10, b"e" * 20)  # the tail of chunk 0, the head of a new chunk 1
-    assert owner.asked == [("grow", cs), ("new", 10)]

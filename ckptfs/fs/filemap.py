@@ -194,9 +194,7 @@ class FileData:
         """The chunk at `idx`, ready to be written in place up to `end` (allocating or copying as
         needed). Refuses (DevicesFull) when the devices could not take what it becomes."""
         chunk = self.chunks.get(idx)
-        if chunk is None or chunk.drained or chunk.pins:
-            # new device space will be needed (a commit holds a pinned chunk: it drains as it is,
-            # and a copy takes its place)
+        if chunk is None or chunk.drained:  # new device space will be needed
             self.owner.reserve(None, None if end is None else max(end, chunk.hwm if chunk else 0))
         elif end is not None and end > chunk.hwm:
             self.owner.reserve(chunk, end)  # it grows: its bigger piece must fit too
@@ -261,7 +259,7 @@ class FileData:
         keep = 0 if old is None else min(old.hwm, at)  # the old chunk's bytes that stay
         if keep and old.slot is None:
             raise NeedsFetch([old])
-        if old is None or old.drained or old.pins:
+        if old is None or old.drained:
             self.owner.reserve()  # new device space will be needed: refuse when there is none
         else:
             self.owner.reserve(old, self._cs)  # it grows into a whole chunk

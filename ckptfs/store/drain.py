@@ -88,9 +88,7 @@ class Drainer:
         self.policy = policy  # "absorb-first" or "eager"
         n = len(host.devices)
         self.ready: list[OrderedDict[int, Chunk]] = [OrderedDict() for _ in range(n)]
-        # id(batch) -> its chunks taken from the queue that hold no device space yet (the batch
-        # while its units are being allocated; the rest of it while it waits for room)
-        self.unplaced: dict[int, list[Chunk]] = {}
+        self.flying: dict[int, list[Chunk]] = {}  # id -> a batch being written now
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
@@ -129,19 +127,19 @@ class Drainer:
         chunk.queued = False
         return True
 
-    def taken(self) -> int:
-        """Chunks taken from the queues that hold no device space yet."""
-        return sum(len(b) for b in self.unplaced.values())
+    @property
+    def in_flight(self) -> int:
+        """Chunks being written now."""
+        return sum(len(b) for b in self.flying.values())
 
     def queued(self) -> int:
         return sum(len(q) for q in self.ready)
 
     def undrained(self):
-        """The chunks that will need device space: queued, or taken (`taken`). Those being
-        written have theirs already."""
+        """The chunks queued or being written."""
         for q in self.ready:
             yield from q.values()
-        for batch in self.unplaced.values():
+        for batch in self.flying.values():
             yield from batch
 
     def queued_bytes(self) -> int:
@@ -229,17 +227,16 @@ class Drainer:
                     batch.append(chunk)
             if not batch:
                 continue
-            self.unplaced[id(batch)] = batch
+            self.flying[id(batch)] = batch
             try:
                 await self._drain_batch(dev, batch)
             except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
                 log.exception("unexpected error draining %d chunk(s) of inode %d", len(batch), batch[0].ino)
-                self.unplaced[id(batch)] = batch
                 await self.host.retry_later(StoreFailing(f"internal error: {e}"))
                 for c in batch:
                     self.queue(c)
             finally:
-                self.unplaced.pop(id(batch), None)
+                del self.flying[id(batch)]
 
     async def _drain_batch(self, pref: int, batch: list[Chunk]) -> None:
         h = self.host
@@ -248,14 +245,12 @@ class Drainer:
             try:
                 dev, unit = h.alloc.alloc(pref, chunk.hwm)
             except NoSpace:
-                self.unplaced[id(batch)] = batch[i:]
                 await h.retry_later(DevicesFull(f"no room on any device for {len(batch) - i} chunk(s)"),
                                     [c.ino for c in batch[i:]])
                 for c in batch[i:]:
                     self.queue(c)
                 break
             placed.append((chunk, dev, unit, chunk.gen, chunk.hwm))
-        self.unplaced.pop(id(batch), None)  # (in flight now, each on the space it was given)
         runs: list[list[tuple]] = []
         for p in placed:
             chunk = p[0]
@@ -332,12 +327,8 @@ class Drainer:
             h.wake()
         if failed:
             chunks = [p[0] for run, _ in failed for p in run]
-            self.unplaced[id(chunks)] = chunks  # their space was given back: they need it again
-            try:
-                await h.retry_later(failed[0][1], [c.ino for c in chunks],
-                                    f"drain of inode {chunks[0].ino} ({len(chunks)} chunk(s)) failed")
-            finally:
-                del self.unplaced[id(chunks)]
+            await h.retry_later(failed[0][1], [c.ino for c in chunks],
+                                f"drain of inode {chunks[0].ino} ({len(chunks)} chunk(s)) failed")
             for chunk in chunks:
                 self.queue(chunk)
 

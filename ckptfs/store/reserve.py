@@ -7,12 +7,6 @@ drain that finds no room later (DevicesFull). A chunk takes a whole unit when
 it holds more than half a chunk, else a piece of a unit (allocator.py), so
 what the undrained chunks need depends on their sizes.
 
-Undrained means waiting (unsealed or queued) or taken for a drain and not
-given device space yet (drain.py `taken`); a chunk being written has its
-extent already, which the allocator counts as used. A chunk a commit holds
-that is written again drains as it was and a copy takes its place: FileData
-asks for the copy as a new chunk.
-
 Fast path: while there are more free whole units than undrained chunks,
 every one of them could have a whole unit, whatever its size: nothing to
 count (the only check before pieces existed). Otherwise (a pool nearly

@@ -222,9 +222,8 @@ class Store:
         return self.arena.view(slot)
 
     def undrained(self) -> int:
-        """Chunks that will need device space: waiting to drain, or taken for a drain and not
-        given any yet (those being written have theirs)."""
-        return len(self.unsealed) + self.drainer.queued() + self.drainer.taken()
+        """Chunks that will need a device unit: waiting to drain, or draining now."""
+        return len(self.unsealed) + self.drainer.queued() + self.drainer.in_flight
 
     def _undrained_chunks(self):
         yield from self.unsealed.values()
