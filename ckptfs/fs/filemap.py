@@ -85,8 +85,7 @@ class ChunkOwner(Protocol):
     chunk_size: int
 
     def alloc_slot(self) -> int: ...
-    # device space for a new chunk of `hwm` bytes (None: whole), or `chunk` grown to `hwm`: DevicesFull
-    def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None: ...
+    def reserve(self) -> None: ...
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
@@ -122,7 +121,7 @@ class MemoryOwner:
     def alloc_slot(self) -> int:
         return self.arena.alloc_nowait()
 
-    def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None:
+    def reserve(self) -> None:
         pass
 
     def view(self, slot: int) -> memoryview:
@@ -190,14 +189,11 @@ class FileData:
             yield idx, inner, n
             off += n
 
-    def _writable_chunk(self, idx: int, whole: bool, end: int | None = None) -> Chunk:
-        """The chunk at `idx`, ready to be written in place up to `end` (allocating or copying as
-        needed). Refuses (DevicesFull) when the devices could not take what it becomes."""
+    def _writable_chunk(self, idx: int, whole: bool) -> Chunk:
+        """The chunk at `idx`, ready to be written in place (allocating or copying as needed)."""
         chunk = self.chunks.get(idx)
-        if chunk is None or chunk.drained:  # new device space will be needed
-            self.owner.reserve(None, None if end is None else max(end, chunk.hwm if chunk else 0))
-        elif end is not None and end > chunk.hwm:
-            self.owner.reserve(chunk, end)  # it grows: its bigger piece must fit too
+        if chunk is None or chunk.drained:
+            self.owner.reserve()  # new device space will be needed: refuse when there is none
         if chunk is None:
             chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
             self.chunks[idx] = chunk
@@ -229,7 +225,7 @@ class FileData:
         done = 0
         for idx, inner, n in self._pieces(off, len(src)):
             try:
-                chunk = self._writable_chunk(idx, whole=(inner == 0 and n == self._cs), end=inner + n)
+                chunk = self._writable_chunk(idx, whole=(inner == 0 and n == self._cs))
             except (NoSpace, NeedsFetch):
                 if done:
                     return done
@@ -261,8 +257,6 @@ class FileData:
             raise NeedsFetch([old])
         if old is None or old.drained:
             self.owner.reserve()  # new device space will be needed: refuse when there is none
-        else:
-            self.owner.reserve(old, self._cs)  # it grows into a whole chunk
         self.owner.adopt_slot(slot)
         chunk = Chunk(slot, self.ino, idx)
         chunk.hwm = self._cs

@@ -88,7 +88,7 @@ class Drainer:
         self.policy = policy  # "absorb-first" or "eager"
         n = len(host.devices)
         self.ready: list[OrderedDict[int, Chunk]] = [OrderedDict() for _ in range(n)]
-        self.flying: dict[int, list[Chunk]] = {}  # id -> a batch being written now
+        self.in_flight = 0  # chunks being written now
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
@@ -127,20 +127,8 @@ class Drainer:
         chunk.queued = False
         return True
 
-    @property
-    def in_flight(self) -> int:
-        """Chunks being written now."""
-        return sum(len(b) for b in self.flying.values())
-
     def queued(self) -> int:
         return sum(len(q) for q in self.ready)
-
-    def undrained(self):
-        """The chunks queued or being written."""
-        for q in self.ready:
-            yield from q.values()
-        for batch in self.flying.values():
-            yield from batch
 
     def queued_bytes(self) -> int:
         return sum(c.hwm for q in self.ready for c in q.values())
@@ -227,7 +215,7 @@ class Drainer:
                     batch.append(chunk)
             if not batch:
                 continue
-            self.flying[id(batch)] = batch
+            self.in_flight += len(batch)
             try:
                 await self._drain_batch(dev, batch)
             except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
@@ -236,7 +224,7 @@ class Drainer:
                 for c in batch:
                     self.queue(c)
             finally:
-                del self.flying[id(batch)]
+                self.in_flight -= len(batch)
 
     async def _drain_batch(self, pref: int, batch: list[Chunk]) -> None:
         h = self.host
