@@ -332,15 +332,11 @@ def test_receive_buffers_lent_to_workers_are_not_reported_as_undrained():
         assert mem["lent"] == 4 * CS
         assert mem["undrained"] == 0
         assert mem["used"] == mem["cached"] + mem["lent"] + mem["undrained"]
-        assert read_metrics_memory(e)["lent"] == 4 * CS
+        assert e.d.call_sync(read_metrics, e.d.store, e.d.monitor)["memory"]["lent"] == 4 * CS
         e.d.call_sync(lambda: [e.d.store.arena.unlend(s) for s in lent])
         assert e.snap()["memory"]["lent"] == 0
     finally:
         e.close()
-
-
-def read_metrics_memory(e) -> dict:
-    return e.d.call_sync(read_metrics, e.d.store, e.d.monitor)["memory"]
 
 
 def test_metrics_collector_exports_nothing_when_the_daemon_is_gone():

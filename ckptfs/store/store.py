@@ -526,7 +526,8 @@ class Store:
             chunk_size=cs, bytes_absorbed=self.bytes_absorbed, bytes_drained=self.bytes_drained,
             bytes_skipped=self.bytes_skipped, bytes_in_memory=in_memory,
             arena=self.arena.capacity, arena_used=self.arena.used_slots * cs, arena_cached=cached * cs,
-            arena_lent=self.arena.lent_slots * cs, arena_free=self.arena.free_slots * cs, devices=devices, files=self.file_states(),
+            arena_lent=self.arena.lent_slots * cs, arena_free=self.arena.free_slots * cs, devices=devices,
+            files=self.file_states(),
             records_pending=len(self.log.pending), records_voided=self.log.records_voided,
             lag=self.log.lag(), max_lag=self.max_lag, oldest_closed=self.log.oldest_closed(),
             last_error=self.last_error, recovery=dict(self.recovery))
