@@ -287,3 +287,40 @@ def test_a_full_arena_of_clean_chunks_still_lends_receive_buffers():
     assert full <= 2 and slot is not None and after == 2, (full, slot, after)
     assert p.read_file("/f") == data  # the evicted chunks come back from the devices
     d.unmount()
+
+
+def test_a_file_closed_while_its_chunks_drain_writes_each_chunk_once():
+    """Closing a file queues its chunks for the drain; those already being written (busy) must
+    not be queued again: a second worker would write the same bytes into a second extent (twice
+    the bandwidth, promise 7, and a unit taken that the space check cannot see)."""
+    import os
+    import threading
+    from ckptfs.fs.namespace import ROOT_INO
+    from ckptfs.store.device import round_up
+
+    cs = 64 << 10
+    devs, d, _ = fresh()
+    afs, store = d.afs, d.store
+    hold = threading.Event()
+    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
+        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    data = random.randbytes(2 * cs + 5000)
+    fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
+    assert d.call_sync(afs.write_nowait, fh, 0, data) == len(data)
+    inode = d.call_sync(lambda: d.fs.handle(fh).inode)
+    chunks = [inode.data.chunks[i] for i in range(3)]
+    deadline = time.monotonic() + 10
+    while not d.call_sync(lambda: chunks[0].busy and chunks[1].busy):
+        assert time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.005)
+    d.call_sync(afs.flush_nowait, fh)
+    d.call_sync(afs.release_nowait, fh)  # queues the partial third chunk, not the two in flight
+    hold.set()
+    d.call(store.drain_all)
+    d.call_sync(store.check_invariants)
+    written = d.call_sync(lambda: sum(s.bytes_written for s in store.stats))
+    assert written == 2 * cs + round_up(5000)
+    d.unmount()
+    d2 = Driver(image_all(devs))
+    assert PathOps(d2).read_file("/f") == data
+    d2.kill()

@@ -46,8 +46,8 @@ BLOCK = 4096  # st_blocks counts whole blocks of this size, as ext4 does
 
 
 class Chunk:
-    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "ino",
-                 "idx", "absorbed", "readers")
+    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "again",
+                 "ino", "idx", "absorbed", "readers")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -58,7 +58,8 @@ class Chunk:
         self.pins = 0
         self.live = True  # still in its file's map
         self.queued = False  # waiting in the drain queue
-        self.busy = False  # a drain is writing from its slot: the slot must not be reused yet
+        self.busy = False  # taken by a drain worker: its slot must not be reused, nor the chunk taken again
+        self.again = False  # queued while busy: queued once that drain ends (if it left the chunk undrained)
         self.ino = ino
         self.idx = idx
         self.absorbed = 0  # bytes written since the last drain (accounting only)

@@ -100,8 +100,13 @@ class Drainer:
 
     # ---- queues ----------------------------------------------------------------
     def queue(self, chunk: Chunk) -> None:
-        """Queue a chunk for its device (nothing if it is queued, drained or not in memory)."""
+        """Queue a chunk for its device (nothing if it is queued, drained or not in memory). A chunk
+        a worker holds (busy) is queued when that drain ends, and only if it left the chunk
+        undrained: queued now, a second worker would write the same bytes again."""
         if chunk.queued or chunk.drained or chunk.slot is None:
+            return
+        if chunk.busy:
+            chunk.again = True
             return
         chunk.queued = True
         dev = self.host.alloc.preferred(chunk.ino, chunk.idx)
@@ -212,6 +217,7 @@ class Drainer:
                 _, chunk = queue.popitem(last=False)
                 chunk.queued = False
                 if not chunk.drained and chunk.slot is not None and (chunk.live or chunk.pins):
+                    chunk.busy = True  # (its slot stays ours until the batch ends, even if it is dropped)
                     batch.append(chunk)
             if not batch:
                 continue
@@ -225,6 +231,19 @@ class Drainer:
                     self.queue(c)
             finally:
                 self.in_flight -= len(batch)
+                self._release(batch)
+
+    def _release(self, batch: list[Chunk]) -> None:
+        """A worker is done with its batch: free the slots of chunks dropped meanwhile, and queue
+        those queued while it held them (written again, failed, or waiting for room)."""
+        for chunk in batch:
+            chunk.busy = False
+            if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
+                self.host.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
+                chunk.slot = None
+            if chunk.again:
+                chunk.again = False
+                self.queue(chunk)
 
     async def _drain_batch(self, pref: int, batch: list[Chunk]) -> None:
         h = self.host
@@ -251,30 +270,20 @@ class Drainer:
                 runs[-1].append(p)
             else:
                 runs.append([p])
-        # the views are taken now, before any await, and the slots stay theirs (busy) until the
-        # writes return, even if the chunks are dropped meanwhile. Each chunk's tail up to the
-        # next 4 KiB is zeroed here too, not in the device thread: a write may extend the chunk
-        # in place while its drain runs (the copy is then stale, but the new bytes must stay)
+        # the views are taken now, before any await (the slots stay the batch's until it ends,
+        # see worker). Each chunk's tail up to the next 4 KiB is zeroed here too, not in the
+        # device thread: a write may extend the chunk in place while its drain runs (the copy is
+        # then stale, but the new bytes must stay)
         for run in runs:
             for p in run:
-                p[0].busy = True
                 _zero_tail(h.arena.view(p[0].slot), p[4])
         by_dev: dict[int, list] = {}  # (almost always one device: the batch's preferred one)
         for run in runs:
             by_dev.setdefault(run[0][1], []).append((run, [h.arena.view(p[0].slot) for p in run]))
-        try:
-            if len(by_dev) == 1:
-                await self._write_runs(*next(iter(by_dev.items())))
-            else:
-                await gather([(self._write_runs, dev, jobs) for dev, jobs in by_dev.items()])
-        finally:
-            for run in runs:
-                for p in run:
-                    chunk = p[0]
-                    chunk.busy = False
-                    if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
-                        h.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
-                        chunk.slot = None
+        if len(by_dev) == 1:
+            await self._write_runs(*next(iter(by_dev.items())))
+        elif by_dev:
+            await gather([(self._write_runs, dev, jobs) for dev, jobs in by_dev.items()])
 
     async def _write_runs(self, dev: int, jobs: list[tuple[list[tuple], list[memoryview]]]) -> None:
         """Write runs of chunks bound for consecutive units of device `dev`, one pwritev each, all
@@ -306,9 +315,7 @@ class Drainer:
                 h.stats[d].bytes_written += round_up(hwm)
                 if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
                     h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
-                    if chunk.live and not chunk.drained and chunk.slot is not None and chunk.hwm >= h.chunk_size:
-                        self.queue(chunk)
-                    continue
+                    continue  # (a change queued it again if it is to drain: see queue)
                 h.drained(chunk, Extent(d, unit, hwm, crc))
         if len(failed) < len(jobs):
             h.wrote(dev)
