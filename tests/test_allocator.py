@@ -195,6 +195,61 @@ def test_pieces_go_elsewhere_when_the_preferred_device_is_full():
     b.check_invariants()
 
 
+def test_a_piece_takes_a_free_piece_of_its_size_on_another_device_before_a_new_unit():
+    a = Allocator([4, 4], PER)
+    first = a.alloc(1, 3000)
+    assert a.alloc(0, 3000) == (1, first[1] + 1)  # device 0 has room, but device 1 a free piece
+    assert a.used_units() == 1 and a.free_pieces(1) == PER - 2
+    assert a.alloc(0, 10_000)[0] == 0  # no free piece of that size anywhere: a unit of device 0
+    a.check_invariants()
+
+
+def test_fits_counts_free_pieces_then_units_split_for_each_size():
+    a = Allocator([2, 1], PER)
+    assert a.fits({None: 3}) and not a.fits({None: 4})
+    assert a.fits({1: 3 * PER}) and not a.fits({1: 3 * PER + 1})
+    assert a.fits({None: 2, 1: PER}) and not a.fits({None: 2, 1: PER, 128: 1})
+    a.alloc(0, 3000)  # one 4 KiB piece: unit split, PER - 1 free pieces of size 1
+    assert a.free_pieces(1) == PER - 1 and a.free_units() == 2
+    assert a.fits({1: PER - 1, None: 2}) and not a.fits({1: PER, None: 2})
+    assert a.fits({1: PER - 1 + PER, None: 1})
+    assert a.fits({}) and a.fits({None: 0})
+
+
+def test_fits_says_exactly_whether_the_extents_would_find_room():
+    """A random model: after random allocations and releases, `fits(demand)` is True exactly
+    when allocating every extent of `demand` (on a copy, from random devices, in random order)
+    succeeds."""
+    import copy
+    rng = random.Random(7)
+    lengths = [None, 1, 5000, 9000, 70_000, 300_000, 500_000, 600_000]
+    for _ in range(300):
+        a = Allocator([rng.randrange(0, 6) for _ in range(rng.randrange(1, 4))], PER)
+        held = []
+        for _ in range(rng.randrange(0, 60)):
+            if held and rng.random() < 0.3:
+                a.release(*held.pop(rng.randrange(len(held))))
+                continue
+            try:
+                held.append(a.alloc(rng.randrange(a.ndev), rng.choice(lengths)))
+            except NoSpace:
+                pass
+        want = [rng.choice(lengths) for _ in range(rng.randrange(0, 40))]
+        demand: dict = {}
+        for n in want:
+            size = None if n is None else a.piece_size(n)
+            demand[size] = demand.get(size, 0) + 1
+        b = copy.deepcopy(a)
+        try:
+            for n in want:
+                b.alloc(rng.randrange(b.ndev), n)
+            ok = True
+        except NoSpace:
+            ok = False
+        assert a.fits(demand) == ok, (demand, a.free_units(), a._free_pieces)
+        b.check_invariants()
+
+
 def test_claim_rebuilds_pieces_from_lengths_and_refuses_overlaps():
     a = Allocator([4], PER)
     a.claim(0, PER + 8, 10_000)  # a 4-block piece at block 8 of unit 1

@@ -195,6 +195,51 @@ def test_small_files_share_device_units_and_survive_kill_9(ckpt_factory):
         assert p.read_bytes() == data, p
 
 
+def test_small_files_held_open_near_full_count_as_pieces(ckpt_factory):
+    """Before a write adds a chunk the store makes sure the devices could hold every chunk not
+    yet drained. It counted each as a whole unit: with 8 units free, the ninth small file held
+    open got ENOSPC. Now each counts as the piece it will take: 300 open 4 KB files fit what is
+    left; one of them then grows until the devices are full and gets ENOSPC at a write (never
+    a drain that finds no room); everything acknowledged is durable and survives a remount."""
+    from mounting import ckptfs
+    m = ckpt_factory(memory="256M", ndev=2, dev_size=100 << 20)
+    m.mount()
+    st = os.statvfs(m.path)
+    random_file(m.path / "big", st.f_blocks * st.f_frsize - (8 << 20), seed=11, block=1 << 20)
+    assert ckptfs("sync", str(m.path)).returncode == 0
+    pool = _status(m)["pool"]
+    assert pool["capacity"] - pool["used"] == 8 << 20
+    data, fds = {}, []
+    try:
+        for i in range(300):
+            data[m.path / f"s{i}"] = os.urandom(4000)
+            fds.append(os.open(m.path / f"s{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+            assert os.write(fds[-1], data[m.path / f"s{i}"]) == 4000
+        grown = bytearray(data[m.path / "s0"])
+        rng = random.Random(12)
+        with pytest.raises(OSError) as e:
+            while True:
+                block = rng.randbytes(1 << 20)
+                grown += block[:os.write(fds[0], block)]
+        assert e.value.errno == errno.ENOSPC
+        assert 4 << 20 <= len(grown) <= 8 << 20, len(grown)
+        data[m.path / "s0"] = bytes(grown)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    res = ckptfs("sync", str(m.path))
+    assert res.returncode == 0, res.stderr + m.log_text()
+    st = _status(m)
+    assert not st["files"] and st["totals"]["files_failed"] == 0
+    assert m.umount().returncode == 0
+    res = ckptfs("fsck", "--devices", m.device_arg)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m.mount()
+    for p, b in data.items():
+        assert p.read_bytes() == b, p
+    assert same_as_seed(m.path / "big", st["pool"]["capacity"] - (8 << 20), seed=11, block=1 << 20)
+
+
 def test_a_version_2_pool_keeps_whole_units_per_chunk(ckpt_factory):
     """A pool formatted before version 3 names whole units in its journal: this version mounts
     it, gives each chunk a whole unit as before, reads back what it wrote, and leaves it at 2."""

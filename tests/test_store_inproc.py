@@ -324,3 +324,46 @@ def test_a_file_closed_while_its_chunks_drain_writes_each_chunk_once():
     d2 = Driver(image_all(devs))
     assert PathOps(d2).read_file("/f") == data
     d2.kill()
+
+
+def test_the_space_check_counts_a_chunk_being_written_only_once_it_changes():
+    """A chunk whose current bytes a drain is writing has its device space (the allocator counts
+    it used): the space check leaves it out, or near full a write is refused with room left. If
+    it changes meanwhile that copy is stale, its space comes back when the write ends, and the
+    chunk needs space again: counted from the change on."""
+    import os
+    import threading
+    from ckptfs.fs.namespace import ROOT_INO
+
+    cs = 64 << 10
+    devs, d, _ = fresh()
+    afs, store = d.afs, d.store
+    hold = threading.Event()
+    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
+        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    data = bytearray(random.randbytes(2 * cs + 5000))
+    fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
+    assert d.call_sync(afs.write_nowait, fh, 0, bytes(data)) == len(data)
+    inode = d.call_sync(lambda: d.fs.handle(fh).inode)
+    c0, c1, c2 = (inode.data.chunks[i] for i in range(3))
+    deadline = time.monotonic() + 10
+    while not d.call_sync(lambda: c0.writing == c0.gen and c1.writing == c1.gen):
+        assert time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.005)
+
+    def undrained():
+        return {c.idx for c in store._undrained_chunks()}
+    assert d.call_sync(undrained) == {2}  # the partial one waits; 0 and 1 have their space
+    assert d.call_sync(afs.write_nowait, fh, 100, b"x" * 10) == 10
+    data[100:110] = b"x" * 10
+    assert d.call_sync(undrained) == {0, 2}
+    d.call_sync(afs.flush_nowait, fh)
+    d.call_sync(afs.release_nowait, fh)
+    hold.set()
+    d.call(store.drain_all)
+    assert d.call_sync(undrained) == set()
+    d.call_sync(store.check_invariants)
+    d.unmount()
+    d2 = Driver(image_all(devs))
+    assert PathOps(d2).read_file("/f") == data
+    d2.kill()

@@ -47,7 +47,7 @@ BLOCK = 4096  # st_blocks counts whole blocks of this size, as ext4 does
 
 class Chunk:
     __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "again",
-                 "ino", "idx", "absorbed", "readers")
+                 "writing", "ino", "idx", "absorbed", "readers")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -60,6 +60,7 @@ class Chunk:
         self.queued = False  # waiting in the drain queue
         self.busy = False  # taken by a drain worker: its slot must not be reused, nor the chunk taken again
         self.again = False  # queued while busy: queued once that drain ends (if it left the chunk undrained)
+        self.writing = -1  # the generation a drain is writing to the device space it gave it (else -1)
         self.ino = ino
         self.idx = idx
         self.absorbed = 0  # bytes written since the last drain (accounting only)
@@ -86,7 +87,8 @@ class ChunkOwner(Protocol):
     chunk_size: int
 
     def alloc_slot(self) -> int: ...
-    def reserve(self) -> None: ...
+    # device space for a new chunk of `hwm` bytes (None: whole), or `chunk` grown to `hwm`: DevicesFull
+    def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None: ...
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
@@ -122,7 +124,7 @@ class MemoryOwner:
     def alloc_slot(self) -> int:
         return self.arena.alloc_nowait()
 
-    def reserve(self) -> None:
+    def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None:
         pass
 
     def view(self, slot: int) -> memoryview:
@@ -190,11 +192,16 @@ class FileData:
             yield idx, inner, n
             off += n
 
-    def _writable_chunk(self, idx: int, whole: bool) -> Chunk:
-        """The chunk at `idx`, ready to be written in place (allocating or copying as needed)."""
+    def _writable_chunk(self, idx: int, whole: bool, end: int | None = None) -> Chunk:
+        """The chunk at `idx`, ready to be written in place up to `end` (allocating or copying as
+        needed). Refuses (DevicesFull) when the devices could not take what it becomes."""
         chunk = self.chunks.get(idx)
-        if chunk is None or chunk.drained:
-            self.owner.reserve()  # new device space will be needed: refuse when there is none
+        if chunk is None or chunk.drained or chunk.pins:
+            # new device space will be needed (a commit holds a pinned chunk: it drains as it is,
+            # and a copy takes its place)
+            self.owner.reserve(None, None if end is None else max(end, chunk.hwm if chunk else 0))
+        elif end is not None and end > chunk.hwm:
+            self.owner.reserve(chunk, end)  # it grows: its bigger piece must fit too
         if chunk is None:
             chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
             self.chunks[idx] = chunk
@@ -226,7 +233,7 @@ class FileData:
         done = 0
         for idx, inner, n in self._pieces(off, len(src)):
             try:
-                chunk = self._writable_chunk(idx, whole=(inner == 0 and n == self._cs))
+                chunk = self._writable_chunk(idx, whole=(inner == 0 and n == self._cs), end=inner + n)
             except (NoSpace, NeedsFetch):
                 if done:
                     return done
@@ -256,8 +263,10 @@ class FileData:
         keep = 0 if old is None else min(old.hwm, at)  # the old chunk's bytes that stay
         if keep and old.slot is None:
             raise NeedsFetch([old])
-        if old is None or old.drained:
+        if old is None or old.drained or old.pins:
             self.owner.reserve()  # new device space will be needed: refuse when there is none
+        else:
+            self.owner.reserve(old, self._cs)  # it grows into a whole chunk
         self.owner.adopt_slot(slot)
         chunk = Chunk(slot, self.ino, idx)
         chunk.hwm = self._cs

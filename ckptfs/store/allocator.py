@@ -23,7 +23,12 @@ A claim that overlaps what is claimed already is refused (ValueError).
 
 Placement: chunk i of inode n goes to device (i + n) mod N, so stripes start
 on different devices for different files (many small files still spread), and
-falls back to the device with the most free units when that one is full.
+falls back to the device with the most free units when that one is full. A
+piece goes into a split unit with a free piece of its size, on its device if
+it has one, else on any device; only when none has one is a unit split. So a
+piece never takes a whole unit while a piece of its size is free somewhere,
+and `fits` can tell exactly whether extents of given lengths would all find
+room (the store's reservation before it absorbs a new chunk, store.py).
 
 INVARIANT: every unit of a device is free, referenced whole (at address
 unit x per_unit), or split; a split unit's pieces are free or referenced.
@@ -55,6 +60,7 @@ class Allocator:
         self._refs: dict[tuple[int, int], int] = {}  # (dev, address) -> references
         self._split: dict[tuple[int, int], _Split] = {}  # (dev, unit) -> its pieces
         self._partial: dict[tuple[int, int], set[int]] = {}  # (dev, piece size) -> split units with a free piece
+        self._free_pieces: dict[int, int] = {}  # piece size -> free pieces of split units, all devices
 
     @property
     def ndev(self) -> int:
@@ -68,6 +74,20 @@ class Allocator:
 
     def used_units(self) -> int:
         return sum(self.units) - self.free_units()
+
+    def free_pieces(self, size: int) -> int:
+        """Free pieces of `size` addresses in split units, on all devices."""
+        return self._free_pieces.get(size, 0)
+
+    def fits(self, demand: dict) -> bool:
+        """Whether extents could be allocated for all of `demand` now: it maps a piece size
+        (`piece_size`) or None (a whole unit) to how many extents of it. Pieces of a size first
+        take the free pieces of that size, then units split for them (`per_unit / size` each)."""
+        units = demand.get(None, 0)
+        for size, n in demand.items():
+            if size is not None and n > self.free_pieces(size):
+                units += -(-(n - self.free_pieces(size)) // (self.per_unit // size))
+        return units <= self.free_units()
 
     def preferred(self, ino: int, idx: int) -> int:
         return (idx + ino) % self.ndev
@@ -107,8 +127,8 @@ class Allocator:
         return unit
 
     def _alloc_piece(self, dev: int, size: int) -> tuple[int, int]:
-        # a split unit of the preferred device, a new split there, a split unit elsewhere, a new one
-        if not self._partial.get((dev, size)) and not self.free_units(dev):
+        # a split unit of the preferred device, one elsewhere, a new split there, a new one elsewhere
+        if not self._partial.get((dev, size)):
             others = [d for d in range(self.ndev) if self._partial.get((d, size))]
             dev = others[0] if others else self._room(dev)
         partial = self._partial.get((dev, size))
@@ -128,10 +148,12 @@ class Allocator:
         """Cut a unit just taken into pieces of `size` addresses, all free."""
         sp = self._split[(dev, unit)] = _Split(size, set(range(0, self.per_unit, size)))
         self._partial.setdefault((dev, size), set()).add(unit)
+        self._free_pieces[size] = self._free_pieces.get(size, 0) + self.per_unit // size
         return sp
 
     def _take_piece(self, dev: int, unit: int, sp: _Split, off: int) -> None:
         sp.free.remove(off)
+        self._free_pieces[sp.size] -= 1
         if not sp.free:
             self._partial[(dev, sp.size)].discard(unit)
 
@@ -183,7 +205,9 @@ class Allocator:
             self._freed[dev].add(unit)
             return
         sp.free.add(off)
+        self._free_pieces[sp.size] += 1
         if len(sp.free) * sp.size == self.per_unit:
+            self._free_pieces[sp.size] -= len(sp.free)
             del self._split[(dev, unit)]
             self._partial[(dev, sp.size)].discard(unit)
             self._freed[dev].add(unit)
@@ -200,10 +224,14 @@ class Allocator:
                 assert (d, u * self.per_unit) not in self._refs, f"device {d} unit {u} free but referenced"
                 assert (d, u) not in self._split, f"device {d} unit {u} free but split"
         pieces = 0
+        free_pieces: dict[int, int] = {}
         for (d, u), sp in self._split.items():
+            free_pieces[sp.size] = free_pieces.get(sp.size, 0) + len(sp.free)
             taken = set(range(0, self.per_unit, sp.size)) - sp.free
             assert taken, f"device {d} unit {u} split with no piece taken"
             assert all((d, u * self.per_unit + off) in self._refs for off in taken), f"device {d} unit {u}"
             assert (u in self._partial.get((d, sp.size), ())) == bool(sp.free), f"device {d} unit {u} partial"
             pieces += len(taken)
         assert self.used_units() == len(self._refs) - pieces + len(self._split)
+        assert ({k: v for k, v in free_pieces.items() if v} == {k: v for k, v in self._free_pieces.items() if v}), \
+            "free piece counts"

@@ -78,6 +78,7 @@ class DrainHost(Protocol):
     def evictable(self) -> int: ...  # slots held by chunks already on a device
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
     def wake(self) -> None: ...  # progress: waiters may look again
+    def space_lost(self) -> None: ...  # chunks given device space need it again (their write failed)
     loop: LoopLock  # wake-ups from other threads go through loop.soon
 
 
@@ -88,7 +89,7 @@ class Drainer:
         self.policy = policy  # "absorb-first" or "eager"
         n = len(host.devices)
         self.ready: list[OrderedDict[int, Chunk]] = [OrderedDict() for _ in range(n)]
-        self.in_flight = 0  # chunks being written now
+        self.flying: dict[int, list[Chunk]] = {}  # id -> a batch taken by a worker (its chunks are busy)
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
@@ -132,8 +133,24 @@ class Drainer:
         chunk.queued = False
         return True
 
+    @property
+    def in_flight(self) -> int:
+        """Chunks taken by the workers."""
+        return sum(len(b) for b in self.flying.values())
+
     def queued(self) -> int:
         return sum(len(q) for q in self.ready)
+
+    def undrained(self):
+        """The chunks that will need device space: queued, or taken by a worker and not being
+        written as they are now into space it gave them (waiting for room, failed, or changed
+        since: a stale copy's space is given back when its write ends)."""
+        for q in self.ready:
+            yield from q.values()
+        for batch in self.flying.values():
+            for c in batch:
+                if c.writing != c.gen and not c.drained and (c.live or c.pins):
+                    yield c
 
     def queued_bytes(self) -> int:
         return sum(c.hwm for q in self.ready for c in q.values())
@@ -221,16 +238,18 @@ class Drainer:
                     batch.append(chunk)
             if not batch:
                 continue
-            self.in_flight += len(batch)
+            self.flying[id(batch)] = batch
             try:
                 await self._drain_batch(dev, batch)
             except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
                 log.exception("unexpected error draining %d chunk(s) of inode %d", len(batch), batch[0].ino)
+                for c in batch:
+                    c.writing = -1
                 await self.host.retry_later(StoreFailing(f"internal error: {e}"))
                 for c in batch:
                     self.queue(c)
             finally:
-                self.in_flight -= len(batch)
+                del self.flying[id(batch)]
                 self._release(batch)
 
     def _release(self, batch: list[Chunk]) -> None:
@@ -238,6 +257,7 @@ class Drainer:
         those queued while it held them (written again, failed, or waiting for room)."""
         for chunk in batch:
             chunk.busy = False
+            chunk.writing = -1
             if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
                 self.host.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
                 chunk.slot = None
@@ -270,6 +290,7 @@ class Drainer:
                 runs[-1].append(p)
             else:
                 runs.append([p])
+            chunk.writing = p[3]  # (the undrained count leaves it out while that is its generation)
         # the views are taken now, before any await (the slots stay the batch's until it ends,
         # see worker). Each chunk's tail up to the next 4 KiB is zeroed here too, not in the
         # device thread: a write may extend the chunk in place while its drain runs (the copy is
@@ -304,8 +325,9 @@ class Drainer:
         for (run, _), result in zip(jobs, results):
             if isinstance(result, DeviceError):
                 stats.errors += 1
-                for _, d, unit, _, _ in run:
+                for chunk, d, unit, _, _ in run:
                     h.alloc.release(d, unit)
+                    chunk.writing = -1  # it needs device space again
                 failed.append((run, result))
                 continue
             crcs, seconds = result
@@ -322,6 +344,7 @@ class Drainer:
             h.wake()
         if failed:
             chunks = [p[0] for run, _ in failed for p in run]
+            h.space_lost()
             await h.retry_later(failed[0][1], [c.ino for c in chunks],
                                 f"drain of inode {chunks[0].ino} ({len(chunks)} chunk(s)) failed")
             for chunk in chunks:

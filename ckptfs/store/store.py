@@ -7,6 +7,7 @@ records and file closes), and wires three parts that own their own state:
     ordering.CommitLog   the pending records and the prefix rule (pure)
     drain.Drainer        drain queues, workers, the absorb-first gate, fetches
     committer.Committer  the journal's position, frames, compaction, anchors
+    reserve.Reservation  whether the devices could take a new or growing chunk
 
 The store itself owns the chunks' places (which are waiting to fill, which
 are cached on a device and may be evicted), the per-file drain errors, the
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..errors import DevicesFull, FsError, NoSpace, StoreFailing, fs_error
+from ..errors import FsError, NoSpace, StoreFailing, fs_error
 from ..format.layout import Superblock
 from ..format.records import Extent
 from ..fs.arena import Arena
@@ -50,6 +51,7 @@ from .device import BlockDevice
 from .drain import Drainer
 from .durable import DurableState
 from .ordering import CommitLog, Pending
+from .reserve import Reservation
 from ..tasks import LoopLock
 
 log = logging.getLogger("ckptfs.store")
@@ -161,6 +163,7 @@ class Store:
         self.log = CommitLog(max_lag=max_lag, alive=self._alive)
         self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
         self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
+        self.reservation = Reservation(self.alloc, self.undrained, self._undrained_chunks)
         self.unsealed: OrderedDict[int, Chunk] = OrderedDict()  # partial chunks, not queued yet
         self.lru: OrderedDict[int, Chunk] = OrderedDict()  # drained chunks holding a slot
         self.dirty_inodes: set[int] = set()  # changed since their last commit
@@ -219,12 +222,22 @@ class Store:
         return self.arena.view(slot)
 
     def undrained(self) -> int:
-        """Chunks that will need a device unit: waiting to drain, or draining now."""
+        """At least the chunks that will need device space: waiting to drain, or taken by the
+        drain (some of those have theirs: `_undrained_chunks` tells)."""
         return len(self.unsealed) + self.drainer.queued() + self.drainer.in_flight
 
-    def reserve(self) -> None:
-        if self.alloc.free_units() <= self.undrained():
-            raise DevicesFull("no space left on the devices")
+    def _undrained_chunks(self):
+        """The chunks that will need device space (reserve.py)."""
+        yield from (c for c in self.unsealed.values() if not c.busy)  # (a busy one: the drain's)
+        yield from self.drainer.undrained()
+
+    def space_lost(self) -> None:
+        self.reservation.changed()
+
+    def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None:
+        """DevicesFull unless the devices could hold a new chunk of `hwm` bytes (None: a whole
+        one), or `chunk` grown to `hwm` bytes, with every chunk not yet drained (reserve.py)."""
+        self.reservation.check(chunk, hwm)
 
     def chunk_changed(self, chunk: Chunk) -> None:
         key = id(chunk)
@@ -233,6 +246,9 @@ class Store:
             self.alloc.release(chunk.extent.dev, chunk.extent.unit)
             chunk.extent = None
             chunk.extent_gen = -1
+            self.reservation.changed()  # undrained again, maybe without a check
+        elif chunk.busy:
+            self.reservation.changed()  # (being written: that copy's space does not count any more)
         if chunk.hwm >= self.chunk_size:
             self.unsealed.pop(key, None)
             self.drainer.queue(chunk)
