@@ -79,8 +79,7 @@ def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = No
     return {
         "absorbed": st.bytes_absorbed, "drained": st.bytes_drained, "skipped": st.bytes_skipped,
         "latency": {"buckets": lat.cumulative(), "sum": lat.sum, "count": lat.count},
-        "memory": {"capacity": st.arena, "undrained": st.arena_undrained, "cached": st.arena_cached,
-                   "lent": st.arena_lent, "free": st.arena_free},
+        "memory": {"capacity": st.arena, **st.arena_parts()},
         "backpressure_waits": monitor.backpressure_waits, "backpressure_seconds": monitor.backpressure_seconds,
         "devices": devices, "files": by_state,
         "records_pending": st.records_pending, "records_voided": st.records_voided,

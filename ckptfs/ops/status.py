@@ -160,9 +160,7 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
             "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
             "writes": d.writes, "reads": d.reads, "errors": d.errors,
         })
-    memory = {"arena": st.arena, "chunk_size": st.chunk_size, "used": st.arena_used,
-              "undrained": st.arena_undrained, "cached": st.arena_cached, "lent": st.arena_lent,
-              "free": st.arena_free}
+    memory = {"arena": st.arena, "chunk_size": st.chunk_size, "used": st.arena_used, **st.arena_parts()}
     wanted = set(st.files) | ({st.oldest_closed[0]} if st.oldest_closed else set())
     paths = paths_of(store.ns, wanted) if store.ns is not None else {}
     files = sorted(st.files.values(), key=lambda f: (_ORDER.get(f.state, 3), paths.get(f.ino) or ""))

@@ -137,6 +137,11 @@ class StoreStats:
     def arena_undrained(self) -> int:
         return max(0, self.arena_used - self.arena_cached - self.arena_lent)
 
+    def arena_parts(self) -> dict[str, int]:
+        """The arena's bytes by what holds them (status and metrics show these)."""
+        return {"undrained": self.arena_undrained, "cached": self.arena_cached, "lent": self.arena_lent,
+                "free": self.arena_free}
+
     @property
     def all_durable(self) -> bool:
         return not self.files and not self.records_pending
