@@ -8,7 +8,8 @@ with one `pwritev`, all the batch's runs in one worker-thread job, the
 checksums computed there too, so the trio thread only does bookkeeping (and
 zeroes each chunk's tail up to 4 KiB before the write starts: a write may
 extend the chunk in place meanwhile, from the trio thread or a FUSE worker
-holding the loop lock).
+holding the loop lock). A chunk a worker holds is never queued again until
+that drain ends (`busy`, `again`): two workers would write the same bytes.
 Wake-ups that may come from such a worker (a queued chunk, the gate, the
 ticker, read-ahead) go through the store's `loop.soon`; writes note
 themselves with `time.monotonic()` for the gate. When the write
