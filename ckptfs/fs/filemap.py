@@ -92,6 +92,7 @@ class ChunkOwner(Protocol):
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
+    def shorten(self, chunk: Chunk, hwm: int) -> bool: ...  # a drained chunk cut in place: kept on its extent?
     def read_ahead(self, data: "FileData", idx: int) -> None: ...
     def adopt_slot(self, slot: int) -> None: ...  # a lent slot becomes a chunk's
     def read_done(self, chunks: list[Chunk]) -> None: ...  # the replies pinning them are out
@@ -132,6 +133,9 @@ class MemoryOwner:
 
     def chunk_changed(self, chunk: Chunk) -> None:
         pass
+
+    def shorten(self, chunk: Chunk, hwm: int) -> bool:
+        return False
 
     def read_ahead(self, data: "FileData", idx: int) -> None:
         pass
@@ -345,19 +349,31 @@ class FileData:
                 remote.cancelled()
         cs = self._cs
         keep_idx, inner = divmod(new_size, cs)
+        if inner:  # first: it may raise (NeedsFetch, NoSpace, DevicesFull), and then nothing changed
+            self._cut(keep_idx, inner)
         for idx in [i for i in self.chunks if i > keep_idx or (i == keep_idx and inner == 0)]:
             self.owner.chunk_dropped(self.chunks.pop(idx))
-        self._cut(keep_idx, inner)
 
     def _cut(self, idx: int, at: int) -> None:
         """Chunk `idx` reads as zeros from `at` on (its high-water mark lowered; copied first when
-        a commit or a reply holds it). NeedsFetch when its bytes are only on a device."""
+        a commit or a reply holds it). NeedsFetch when its bytes are only on a device. A chunk on
+        a device whose shorter self still takes the same piece or unit stays on it (`shorten`:
+        nothing to write); otherwise it drains again, and needs room while the committed copy
+        still holds its own. A smaller piece may need room too (a unit split for its size: a
+        free piece of the old size does not serve it). So a cut may raise DevicesFull, before
+        anything changed."""
         chunk = self.chunks.get(idx)
         if chunk is not None and chunk.hwm > at:
             if chunk.slot is None:
                 raise NeedsFetch([chunk])
             if chunk.pins or chunk.readers:
                 chunk = self._writable_chunk(idx, whole=False)
+            elif chunk.drained:
+                if self.owner.shorten(chunk, at):
+                    return
+                self.owner.reserve(None, at)
+            else:
+                self.owner.reserve(chunk, at)
             chunk.hwm = at
             chunk.gen += 1
             self.owner.chunk_changed(chunk)

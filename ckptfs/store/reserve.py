@@ -21,8 +21,9 @@ count (the only check before pieces existed). Otherwise (a pool nearly
 full, or many small files waiting) the chunks are counted by the piece each
 would take at its size now, and `Allocator.fits` says whether they, and the
 new or grown chunk, find room. Sizes change later only through this check
-(a new chunk, or a write that raises a chunk's high-water mark), so the count
-stays true.
+(a new chunk, a write that raises a chunk's high-water mark, or a cut that
+lowers it into a smaller piece: that may need a unit split for its size even
+though the piece it leaves is free), so the count stays true.
 
 Counting walks every undrained chunk, so near full it is kept for a while:
 `REUSE` checks use the last count plus what each check let in since (a new
@@ -55,10 +56,10 @@ class Reservation:
 
     def check(self, chunk: Chunk | None = None, hwm: int | None = None) -> None:
         """Raise DevicesFull unless the devices could hold every undrained chunk and: a new chunk
-        of `hwm` bytes (chunk None; hwm None: a whole unit), or `chunk` grown to `hwm` bytes."""
+        of `hwm` bytes (chunk None; hwm None: a whole unit), or `chunk` grown or cut to `hwm` bytes."""
         size = self._size(hwm)
         if chunk is not None and size == self._size(chunk.hwm):
-            return  # growing within the piece (or unit) it will take anyway
+            return  # within the piece (or unit) it will take anyway
         if self.alloc.free_units() > self.count():
             self._added[size] += 1  # (for a kept count: it must hold whatever came in since)
             return

@@ -38,6 +38,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import crc32c
 import trio
 
 from ..errors import FsError, NoSpace, StoreFailing, fs_error
@@ -259,6 +260,19 @@ class Store:
             self.drainer.queue(chunk)
         elif not chunk.queued:
             self.unsealed[key] = chunk
+
+    def shorten(self, chunk: Chunk, hwm: int) -> bool:
+        """A drained chunk cut to `hwm` bytes keeps its extent, as `hwm` bytes with their own
+        checksum, when that still takes the same piece or unit (the allocator tells a piece's
+        size by its length, at mount too): no drain, no new room (the committed copy shares it)."""
+        ext = chunk.extent
+        if self.alloc.piece_size(hwm) != self.alloc.piece_size(ext.length):
+            return False
+        chunk.extent = Extent(ext.dev, ext.unit, hwm, crc32c.crc32c(self.arena.view(chunk.slot)[:hwm]))
+        chunk.hwm = hwm
+        chunk.gen += 1
+        chunk.extent_gen = chunk.gen
+        return True
 
     def chunk_dropped(self, chunk: Chunk) -> None:
         chunk.live = False
