@@ -1,5 +1,6 @@
 """The durable store in-process on fault-injecting devices: recovery, crashes, errors."""
 import random
+import threading
 import time
 
 import pytest
@@ -12,6 +13,22 @@ def fresh(n=2, dev_size=8 << 20, **kw):
     devs = make_devices(n, dev_size)
     d = Driver(devs, fmt=True, **kw)
     return devs, d, PathOps(d)
+
+
+def hold_writes(devs) -> threading.Event:
+    """Device writes wait until the returned event is set: a drain stays in flight meanwhile."""
+    hold = threading.Event()
+    for dev in devs:
+        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    return hold
+
+
+def wait_for_drain(d, started) -> None:
+    """Poll `started()` in the trio thread until it holds (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while not d.call_sync(started):
+        assert time.monotonic() < deadline, "the drain never started"
+        time.sleep(0.005)
 
 
 def test_unmount_then_remount_keeps_everything():
@@ -214,16 +231,13 @@ def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
     finishes with the old slot, the new chunk drains after it, the old bytes head the new chunk,
     every slot and absorbed byte is accounted for, and a remount reads the new contents."""
     import os
-    import threading
     from ckptfs.fs.namespace import ROOT_INO
 
     cs = 64 << 10
     r = 333
     devs, d, _ = fresh()
     afs, store = d.afs, d.store
-    hold = threading.Event()
-    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
-        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    hold = hold_writes(devs)
     rng = random.Random(9)
     model = bytearray(rng.randbytes(2 * cs))
     fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
@@ -232,10 +246,7 @@ def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
         d.call_sync(afs.flush_nowait, fh)  # a commit captures them (pins)
     inode = d.call_sync(lambda: d.fs.handle(fh).inode)
     old = inode.data.chunks[0]
-    deadline = time.monotonic() + 10
-    while not d.call_sync(lambda: old.busy):
-        assert time.monotonic() < deadline, "the drain never started"
-        time.sleep(0.005)
+    wait_for_drain(d, lambda: old.busy)
     tail = rng.randbytes(cs - r)
 
     def adopt():
@@ -294,25 +305,19 @@ def test_a_file_closed_while_its_chunks_drain_writes_each_chunk_once():
     not be queued again: a second worker would write the same bytes into a second extent (twice
     the bandwidth, promise 7, and a unit taken that the space check cannot see)."""
     import os
-    import threading
     from ckptfs.fs.namespace import ROOT_INO
     from ckptfs.store.device import round_up
 
     cs = 64 << 10
     devs, d, _ = fresh()
     afs, store = d.afs, d.store
-    hold = threading.Event()
-    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
-        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    hold = hold_writes(devs)
     data = random.randbytes(2 * cs + 5000)
     fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
     assert d.call_sync(afs.write_nowait, fh, 0, data) == len(data)
     inode = d.call_sync(lambda: d.fs.handle(fh).inode)
     chunks = [inode.data.chunks[i] for i in range(3)]
-    deadline = time.monotonic() + 10
-    while not d.call_sync(lambda: chunks[0].busy and chunks[1].busy):
-        assert time.monotonic() < deadline, "the drain never started"
-        time.sleep(0.005)
+    wait_for_drain(d, lambda: chunks[0].busy and chunks[1].busy)
     d.call_sync(afs.flush_nowait, fh)
     d.call_sync(afs.release_nowait, fh)  # queues the partial third chunk, not the two in flight
     hold.set()
@@ -332,24 +337,18 @@ def test_the_space_check_counts_a_chunk_being_written_only_once_it_changes():
     it changes meanwhile that copy is stale, its space comes back when the write ends, and the
     chunk needs space again: counted from the change on."""
     import os
-    import threading
     from ckptfs.fs.namespace import ROOT_INO
 
     cs = 64 << 10
     devs, d, _ = fresh()
     afs, store = d.afs, d.store
-    hold = threading.Event()
-    for dev in devs:  # device writes wait until `hold` is set: the drain stays in flight
-        dev.pwrite = (lambda write: lambda buf, off: (hold.wait(30), write(buf, off)))(dev.pwrite)
+    hold = hold_writes(devs)
     data = bytearray(random.randbytes(2 * cs + 5000))
     fh = d.call_sync(lambda: afs.create_nowait(ROOT_INO, b"f", 0o644, os.O_RDWR, 0, 0, None)[0].fh)
     assert d.call_sync(afs.write_nowait, fh, 0, bytes(data)) == len(data)
     inode = d.call_sync(lambda: d.fs.handle(fh).inode)
     c0, c1, c2 = (inode.data.chunks[i] for i in range(3))
-    deadline = time.monotonic() + 10
-    while not d.call_sync(lambda: c0.writing == c0.gen and c1.writing == c1.gen):
-        assert time.monotonic() < deadline, "the drain never started"
-        time.sleep(0.005)
+    wait_for_drain(d, lambda: c0.writing == c0.gen and c1.writing == c1.gen)
 
     def undrained():
         return {c.idx for c in store._undrained_chunks()}
