@@ -246,6 +246,7 @@ class Drainer:
                 log.exception("unexpected error draining %d chunk(s) of inode %d", len(batch), batch[0].ino)
                 for c in batch:
                     c.writing = -1
+                self.host.space_lost()
                 await self.host.retry_later(StoreFailing(f"internal error: {e}"))
                 for c in batch:
                     self.queue(c)

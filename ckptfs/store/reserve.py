@@ -28,9 +28,9 @@ though the piece it leaves is free), so the count stays true.
 Counting walks every undrained chunk, so near full it is kept for a while:
 `REUSE` checks use the last count plus what each check let in since (a new
 chunk at its size; a grown one at its new size, its old size still counted),
-and a refusal always counts again first. A drained chunk that becomes
-undrained without a check (truncated: its old extent is released) drops the
-kept count (`changed`).
+and a refusal always counts again first. A chunk that needs space again
+after the count (its extent released, or a drain's copy of it gone stale or
+failed) drops the kept count (`changed`).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class Reservation:
         self._kept, self._uses, self._added = demand, REUSE, Counter()
 
     def changed(self) -> None:
-        """A chunk became undrained without a check (its extent released): count afresh."""
+        """A chunk needs device space again after the count (see the module doc): count afresh."""
         self._kept = None
 
     def _recount(self, growing: Chunk | None) -> Counter:

@@ -242,7 +242,7 @@ class Store:
 
     def reserve(self, chunk: Chunk | None = None, hwm: int | None = None) -> None:
         """DevicesFull unless the devices could hold a new chunk of `hwm` bytes (None: a whole
-        one), or `chunk` grown to `hwm` bytes, with every chunk not yet drained (reserve.py)."""
+        one), or `chunk` grown or cut to `hwm` bytes, with every chunk not yet drained (reserve.py)."""
         self.reservation.check(chunk, hwm)
 
     def chunk_changed(self, chunk: Chunk) -> None:
