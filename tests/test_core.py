@@ -933,8 +933,9 @@ def test_a_late_release_never_commits_the_state_a_new_writer_is_producing():
 
 def test_writev_adopts_whole_chunks_copies_the_rest_and_stops_short_when_memory_runs_out():
     """core.writev: the pieces of one request scattered over lent slots. Whole chunks on the
-    grid adopt their slot, other pieces are copied; when the arena runs out partway the write
-    is short (what went in stays), and with nothing written it raises NoSpace."""
+    grid adopt their slot, and so does a last piece that starts a chunk holding nothing; pieces
+    off the grid are copied; when the arena runs out partway the write is short (what went in
+    stays), and with nothing written it raises NoSpace."""
     arena = Arena(6 * CS, CS)
     fs = Filesystem(arena, capacity_bytes=1 << 30)
     inode = fs.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
@@ -945,19 +946,56 @@ def test_writev_adopts_whole_chunks_copies_the_rest_and_stops_short_when_memory_
         arena.view(slot)[:] = d
     pieces = [arena.view(slots[0]), arena.view(slots[1]), arena.view(slots[2])[:100]]
     assert fs.writev(fh, CS, pieces, slots=slots) == 2 * CS + 100
-    assert not arena.is_lent(slots[0]) and not arena.is_lent(slots[1]) and arena.is_lent(slots[2])
-    assert inode.data.chunks[1].slot == slots[0] and inode.data.chunks[2].slot == slots[1]
+    assert not any(arena.is_lent(s) for s in slots)
+    chunks = inode.data.chunks
+    assert [chunks[i].slot for i in (1, 2, 3)] == slots and chunks[3].hwm == 100
     assert bytes(fs.read(fh, 0, 4 * CS)) == bytes(CS) + data[0] + data[1] + data[2][:100]
-    # off the grid: nothing adopted, all copied; 3 slots free, then the arena runs out partway
-    arena.view(slots[2])[:] = data[2]
-    assert arena.free_slots == 2  # 6 slots: 2 held by chunks 1, 2, one more by chunk 3, one lent
-    got = fs.writev(fh, 4 * CS + 7, [arena.view(slots[2])] * 3, slots=[slots[2], None, None])
+    # off the grid: nothing adopted, all copied; 2 slots free, then the arena runs out partway
+    spare = arena.lend_nowait()
+    arena.view(spare)[:] = data[2]
+    assert arena.free_slots == 2  # 6 slots: chunks 1, 2, 3 and the one lent
+    got = fs.writev(fh, 4 * CS + 7, [arena.view(spare)] * 3, slots=[spare, None, None])
     assert got == 2 * CS - 7  # chunks 4 and 5 allocated, chunk 6 found no slot: short
-    assert arena.is_lent(slots[2]) and inode.size == 6 * CS
+    assert arena.is_lent(spare) and inode.size == 6 * CS
     assert bytes(fs.read(fh, 4 * CS + 7, 2 * CS)) == data[2] + data[2][:CS - 7]
     with pytest.raises(NoSpace):
-        fs.writev(fh, 6 * CS, [arena.view(slots[2])], slots=[None])
-    arena.unlend(slots[2])
+        fs.writev(fh, 6 * CS, [arena.view(spare)], slots=[None])
+    arena.unlend(spare)
+    arena.check_invariants()
+
+
+def test_writev_adopts_a_piece_ending_inside_a_chunk_only_where_nothing_past_it_would_be_copied():
+    """A piece from a chunk's start that ends inside it takes its lent slot when the chunk is new
+    or holds no more than the piece; where the chunk holds bytes past the piece's end, they stay
+    and the piece is copied into the chunk (the slot stays lent)."""
+    arena = Arena(8 * CS, CS)
+    fs = Filesystem(arena, capacity_bytes=1 << 30)
+    inode = fs.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    fh = fs.open(inode.ino, os.O_RDWR).fh
+    old = random.Random(1).randbytes(3000)
+    assert fs.write(fh, 0, old) == 3000
+    first = inode.data.chunks[0]
+
+    def lent(payload: bytes) -> int:
+        slot = arena.lend_nowait()
+        arena.view(slot)[:] = b"\xee" * CS  # what an earlier use left: never read as data
+        arena.view(slot)[:len(payload)] = payload
+        return slot
+
+    short = random.Random(2).randbytes(2000)
+    slot = lent(short)
+    assert fs.writev(fh, 0, [arena.view(slot)[:2000]], slots=[slot]) == 2000
+    assert arena.is_lent(slot) and inode.data.chunks[0] is first  # copied: 1000 bytes of it stay
+    assert bytes(fs.read(fh, 0, CS)) == short + old[2000:]
+    arena.unlend(slot)
+    longer = random.Random(3).randbytes(3500)
+    slot = lent(longer)
+    assert fs.writev(fh, 0, [arena.view(slot)[:3500]], slots=[slot]) == 3500
+    chunk = inode.data.chunks[0]
+    assert not arena.is_lent(slot) and chunk.slot == slot and chunk.hwm == 3500 and chunk is not first
+    assert bytes(fs.read(fh, 0, CS)) == longer  # the slot's old bytes past 3500 read as the file's end
+    fs.truncate(inode, 4000)
+    assert bytes(fs.read(fh, 0, CS)) == longer + bytes(500)  # and as zeros once the file grows
     arena.check_invariants()
 
 
@@ -994,8 +1032,8 @@ def test_writev_adopts_a_shifted_first_piece_after_copying_the_chunks_head():
     slots, pieces = _shifted_request(arena, r, data)
     assert fs.writev(fh, CS + r, pieces, slots=slots, shift=r) == 2 * CS
     chunks = inode.data.chunks
-    assert [arena.is_lent(s) for s in slots] == [False, False, True]  # the last piece (r bytes): copied
-    assert chunks[1].slot == slots[0] and chunks[2].slot == slots[1] and chunks[3].slot != slots[2]
+    assert not any(arena.is_lent(s) for s in slots)  # the last piece (r bytes, a new chunk) too
+    assert [chunks[i].slot for i in (1, 2, 3)] == slots and chunks[3].hwm == r
     assert (chunks[1].hwm, chunks[1].absorbed) == (CS, CS)  # r from the first request, CS - r from this
     assert bytes(fs.read(fh, 0, 4 * CS)) == head + data
     fs.check_invariants()
@@ -1010,7 +1048,6 @@ def test_writev_adopts_a_shifted_first_piece_after_copying_the_chunks_head():
     assert fs.writev(fh, 6 * CS + r, pieces3, slots=slots3, shift=r) == CS - r
     assert chunks[6].slot == slots3[0] and chunks[6].absorbed == CS - r + 2
     assert bytes(fs.read(fh, 6 * CS, CS)) == b"ab" + bytes(r - 2) + data[:CS - r]
-    arena.unlend(slots[2])
     fs.check_invariants()
 
 

@@ -355,7 +355,10 @@ class Filesystem:
         short only when the arena filled up (raises NoSpace / NeedsFetch when nothing was written).
 
         `slots[i]`: the lent arena slot `pieces[i]` starts at, or None; a piece that is one whole
-        chunk at a chunk boundary adopts its slot, the others are copied. `shift`: the first
+        chunk at a chunk boundary adopts its slot, and so does a piece that starts a chunk and
+        ends inside it (a write's last piece, or a small write) where the chunk holds nothing
+        past its end (a new chunk, or one it overwrites whole: FileData.adoptable); the others
+        are copied. `shift`: the first
         piece starts that many bytes into its slot instead; if it is the rest of a chunk from
         that offset in the chunk, it adopts its slot too (FileData.adopt, `at`), unless the
         chunk's head is the larger part: adopting copies those `at` bytes into the slot, so a
@@ -379,9 +382,12 @@ class Filesystem:
             slot = slots[i] if slots else None
             size = memoryview(piece).nbytes
             at = shift if i == 0 else 0  # where the piece starts in its slot
+            idx, inner = divmod(off + n, cs)
             try:
-                if slot is not None and size == cs - at and (off + n) % cs == at and at <= size:
-                    got = data.adopt((off + n) // cs, slot, at)
+                if slot is not None and inner == at and size == cs - at and at <= size:
+                    got = data.adopt(idx, slot, at)
+                elif slot is not None and inner == at == 0 and size < cs and data.adoptable(idx, size):
+                    got = data.adopt(idx, slot, 0, size)
                 else:
                     got = data.write(off + n, piece)
             except (NoSpace, NeedsFetch):

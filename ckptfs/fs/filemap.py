@@ -254,27 +254,31 @@ class FileData:
             done += n
         return done
 
-    def adopt(self, idx: int, slot: int, at: int = 0) -> int:
-        """Chunk `idx` becomes lent `slot`, whose bytes from `at` on are the chunk's new bytes; the
-        bytes written (chunk size - `at`). The chunk's first `at` bytes are copied into the slot
-        from the chunk as it is (zeros where it has none): a piece that ends a chunk whose head an
-        earlier write put there costs `at` bytes copied instead of the piece. Raises NeedsFetch
-        when those bytes are only on a device. A file still being restored waits for all of its
-        contents first (NeedsRestore), as `write`."""
+    def adopt(self, idx: int, slot: int, at: int = 0, end: int | None = None) -> int:
+        """Chunk `idx` becomes lent `slot`, whose bytes from `at` to `end` (None: the chunk's end)
+        are the chunk's new bytes; the bytes written (`end` - `at`). The chunk's first `at` bytes
+        are copied into the slot from the chunk as it is (zeros where it has none): a piece that
+        ends a chunk whose head an earlier write put there costs `at` bytes copied instead of the
+        piece. A piece that ends inside the chunk (`end`) is adopted only where the chunk holds
+        nothing past `end` (`adoptable`). Raises NeedsFetch when the kept bytes are only on a
+        device. A file still being restored waits for all of its contents first (NeedsRestore),
+        as `write`."""
         if self.remote is not None:
             self.remote.check_change()
+        cs = self._cs
+        end = cs if end is None else end
         old = self.chunks.get(idx)
         keep = 0 if old is None else min(old.hwm, at)  # the old chunk's bytes that stay
         if keep and old.slot is None:
             raise NeedsFetch([old])
         if old is None or old.drained or old.pins:
-            self.owner.reserve()  # new device space will be needed: refuse when there is none
-        else:
-            self.owner.reserve(old, self._cs)  # it grows into a whole chunk
+            self.owner.reserve(None, None if end == cs else end)  # new device space will be needed
+        elif end > old.hwm:
+            self.owner.reserve(old, end)  # it grows
         self.owner.adopt_slot(slot)
         chunk = Chunk(slot, self.ino, idx)
-        chunk.hwm = self._cs
-        chunk.absorbed = self._cs - at
+        chunk.hwm = end
+        chunk.absorbed = end - at
         chunk.gen = 1
         if at:
             dst = self.owner.view(slot)
@@ -288,7 +292,13 @@ class FileData:
         if old is not None:
             self.owner.chunk_dropped(old)  # its bytes are overwritten or moved: never drained (skipped)
         self.owner.chunk_changed(chunk)
-        return self._cs - at
+        return end - at
+
+    def adoptable(self, idx: int, end: int) -> bool:
+        """A piece from the start of chunk `idx` to `end` may take its slot as the chunk (`adopt`
+        with `end`): the chunk holds nothing past `end` that would have to be copied in."""
+        old = self.chunks.get(idx)
+        return old is None or old.hwm <= end
 
     def missing(self, off: int, size: int, file_size: int) -> list[Chunk]:
         """Chunks in the range whose bytes are only on a device."""
