@@ -196,16 +196,22 @@ class FileData:
             yield idx, inner, n
             off += n
 
+    def _reserve(self, old: Chunk | None, hwm: int | None) -> None:
+        """Refuse (DevicesFull) unless the devices could take what chunk `old`'s place (None: a
+        new chunk) becomes at `hwm` bytes: a new chunk of that size where one takes its place
+        (hwm None: a whole one), else its growth (hwm None: none)."""
+        if old is None or old.drained or old.pins:
+            # new device space will be needed (a commit holds a pinned chunk: it drains as it is,
+            # and a copy takes its place)
+            self.owner.reserve(None, None if hwm is None else max(hwm, old.hwm if old else 0))
+        elif hwm is not None and hwm > old.hwm:
+            self.owner.reserve(old, hwm)  # it grows: its bigger piece must fit too
+
     def _writable_chunk(self, idx: int, whole: bool, end: int | None = None) -> Chunk:
         """The chunk at `idx`, ready to be written in place up to `end` (allocating or copying as
         needed). Refuses (DevicesFull) when the devices could not take what it becomes."""
         chunk = self.chunks.get(idx)
-        if chunk is None or chunk.drained or chunk.pins:
-            # new device space will be needed (a commit holds a pinned chunk: it drains as it is,
-            # and a copy takes its place)
-            self.owner.reserve(None, None if end is None else max(end, chunk.hwm if chunk else 0))
-        elif end is not None and end > chunk.hwm:
-            self.owner.reserve(chunk, end)  # it grows: its bigger piece must fit too
+        self._reserve(chunk, end)
         if chunk is None:
             chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
             self.chunks[idx] = chunk
@@ -271,10 +277,7 @@ class FileData:
         keep = 0 if old is None else min(old.hwm, at)  # the old chunk's bytes that stay
         if keep and old.slot is None:
             raise NeedsFetch([old])
-        if old is None or old.drained or old.pins:
-            self.owner.reserve(None, None if end == cs else end)  # new device space will be needed
-        elif end > old.hwm:
-            self.owner.reserve(old, end)  # it grows
+        self._reserve(old, end)
         self.owner.adopt_slot(slot)
         chunk = Chunk(slot, self.ino, idx)
         chunk.hwm = end
