@@ -24,6 +24,16 @@ from ckptfs.errors import DeviceError
 BLOCK = 4096
 
 
+def flip_byte(path, offset: int) -> None:
+    """Damage the byte at `offset` of a file or device for sure (a constant written there may
+    already be its value: a test that tears a random field with one would pass 1 time in 256)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([old ^ 0xFF]))
+
+
 class Power:
     """The power supply shared by a set of devices: counts their writes, cuts them all at once."""
 

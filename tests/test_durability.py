@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from faulty import flip_byte
 from mounting import CkptMount, is_mounted, poll
 from syscalls import FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, copy_range, fallocate
 
@@ -330,10 +331,9 @@ def test_mount_refuses_to_roll_back_a_damaged_newest_journal_half(ckpt):
     half = read_anchor(pool).half
     pool.close()
     for dev in ckpt.devices:  # bit rot in the current half's first frame, on every device
-        with open(dev, "r+b") as f:
+        with open(dev, "rb") as f:
             sb = Superblock.decode(f.read(SB_SIZE))
-            f.seek(sb.half_offset(half) + 40)
-            f.write(b"\xff")
+        flip_byte(dev, sb.half_offset(half) + 40)
     with pytest.raises(AssertionError, match="is damaged on every device.*--force-recover"):
         ckpt.mount()
     res = ckptfs("fsck", "--devices", ckpt.device_arg)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ckptfs.format.layout import SB_SIZE, Superblock
+from faulty import flip_byte
 from mounting import CkptMount, ckptfs, is_mounted, make_devices
 
 MiB = 1 << 20
@@ -248,7 +249,7 @@ def test_mount_refuses_devices_in_the_wrong_order(tmp_path):
 def test_mount_refuses_a_device_with_a_corrupt_superblock(tmp_path):
     devs = make_files(tmp_path, 2)
     assert ckptfs("format", "--devices", arg(devs)).returncode == 0
-    poke(devs[1], 40, b"\xff")
+    flip_byte(devs[1], 40)
     res = _mount(tmp_path, devs)
     assert res.returncode == 1
     assert str(devs[1]) in res.stderr and "checksum" in res.stderr, res.stderr
@@ -288,11 +289,7 @@ def test_fsck_and_read_catch_a_corrupted_extent(tmp_path):
         sb = superblock(dev)
         where = sb.unit_offset(ext.unit) + 1000
         assert where >= sb.data_off
-        with open(dev, "r+b") as f:
-            f.seek(where)
-            byte = f.read(1)
-            f.seek(where)
-            f.write(bytes([byte[0] ^ 0x5A]))
+        flip_byte(dev, where)
 
         res = ckptfs("fsck", "--devices", m.device_arg)
         assert res.returncode == 1, res.stdout

@@ -43,6 +43,11 @@ def write(dev, offset: int, data: bytes) -> None:
     dev.flush()
 
 
+def flip(dev, offset: int) -> None:
+    """Damage the byte at `offset` for sure: a constant written there may already be its value."""
+    write(dev, offset, bytes([dev.pread(4096, offset // 4096 * 4096)[offset % 4096] ^ 0xFF]))
+
+
 def append_commits(devs, frames: list[list[tuple]], on=None) -> list[int]:
     """Append commit frames (epoch 1, seq 2...) after the format frame on each device; their offsets."""
     sb = sb_of(devs[0])
@@ -239,7 +244,7 @@ def test_damage_to_the_newest_halfs_first_frame_is_reported():
     assert b"f" in rec.durable.ns.get(ROOT_INO).dir.entries and rec.time_ns == 456 and not rec.clean
     sb = sb_of(devs[0])
     for d in devs:
-        write(d, sb.half_offset(1) + 40, b"\xff")  # bit rot in the begin frame, on every mirror
+        flip(d, sb.half_offset(1) + 40)  # bit rot in the begin frame, on every mirror
     with pytest.raises(UsageError, match=r"journal half 1 \(epoch 2\) is damaged on every device.*--force-recover"):
         recover(open_pool(devs))  # the commit of 'f' is never lost without a word
     rec = recover(open_pool(devs), force=True)  # the operator's choice: the older state
@@ -251,7 +256,7 @@ def test_damage_to_the_newest_halfs_first_frame_is_reported():
 def test_damage_on_one_mirror_only_needs_no_force():
     devs = fresh(2)
     compact_into_half_1(devs)
-    write(devs[0], sb_of(devs[0]).half_offset(1) + 40, b"\xff")
+    flip(devs[0], sb_of(devs[0]).half_offset(1) + 40)
     rec = recover(open_pool(devs))
     assert b"f" in rec.durable.ns.get(ROOT_INO).dir.entries and rec.rollback is None
 
@@ -273,7 +278,7 @@ def test_a_torn_commit_is_reported_as_discarded():
                                  [("make", ROOT_INO, b"b", REG, 0, 0, 0, b"", 3, 1)]])
     sb = sb_of(devs[0])
     for d in devs:
-        write(d, sb.half_offset(0) + offs[1] + 40, b"\xee")  # the last frame was being written
+        flip(d, sb.half_offset(0) + offs[1] + 40)  # the last frame was being written
     rec = recover(open_pool(devs))
     assert rec.seq == 2 and not rec.clean
     assert len(rec.discarded) == 1 and "torn" in rec.discarded[0] and str(offs[1]) in rec.discarded[0]
@@ -293,7 +298,7 @@ def test_the_newest_anchor_wins_and_a_torn_one_falls_back_to_the_other_slot():
     compact_into_half_1(devs)  # generation 2, slot 0
     assert recover(open_pool(devs)).anchor_gen == 2
     for d in devs:
-        write(d, ANCHOR_SLOTS[0] + 20, b"\x99")  # torn on every device
+        flip(d, ANCHOR_SLOTS[0] + 20)  # torn on every device
     rec = recover(open_pool(devs))  # generation 1 (format's) remains: epoch 2 replays, newer than it
     assert rec.anchor_gen == 1 and rec.durable.epoch == 2 and rec.warnings == []
 
