@@ -9,16 +9,20 @@ daemon's split by thread name (/proc/PID/task/*/stat: the native engine's
 FUSE workers show as "ckptfs-fuse N" (kernel/mount.py name_thread); the
 trio thread as "python"; trio's worker threads, the drain's and
 the journal's, as "Trio thread N"), and the native engine's counts
-of adopted and copied WRITE pieces. A diagnostic, not a `make bench` case: no
-targets, no results file. The saves are in one process, so the figures also
-say what one rank costs.
+of adopted and copied WRITE pieces over the measured saves. A diagnostic, not
+a `make bench` case: no targets, no results file. With `--writers 1` (the
+default) the saves are in one process, so the figures also say what one rank
+costs; `--writers N`: N processes save at once, each into its own files (the
+ranks of a node), and the saving processes' CPU is theirs together.
 
     .venv/bin/python benchmarks/threadcpu.py --tensor-mib 20.25 --tensors 8 --saves 20
+    .venv/bin/python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 8 --saves 4 --writers 4 --memory 6G
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -46,6 +50,23 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def engine_counts(mp: Path) -> dict[str, int]:
+    """The native engine's WRITE counts so far (whole mount; empty for pyfuse3)."""
+    status = json.loads(subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mp), "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    es = status.get("engine_stats") or {}
+    return {k: es[k] for k in ("write", "adopted", "copied", "shifted", "shifted_adopted") if k in es}
+
+
+def saves(sd: dict, mp: Path, rank: int, n: int, pause: float, start=None) -> None:
+    """One writer's `n` saves into three file names in turn (after `start`, a barrier, if given)."""
+    if start is not None:
+        start.wait()
+    for i in range(n):
+        torch.save(sd, mp / f"r{rank}-ck{i % 3}.pt")
+        time.sleep(pause)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="native", choices=("native", "pyfuse3"))
@@ -54,6 +75,7 @@ def main() -> int:
     ap.add_argument("--saves", type=int, default=20)
     ap.add_argument("--pause", type=float, default=0.25, help="seconds between saves")
     ap.add_argument("--memory", default="2G")
+    ap.add_argument("--writers", type=int, default=1, help="processes saving at once, each into its own files")
     args = ap.parse_args()
     n = int(args.tensor_mib * MiB) // 4
     g = torch.Generator().manual_seed(0)
@@ -64,28 +86,35 @@ def main() -> int:
     with mounted(mp, devices, args.memory, extra=("--engine", args.engine)) as pid:
         torch.save(sd, mp / "warm.pt")  # the first save's set-up (lent slots, faults) not counted
         sync_mount(mp)
+        counts0 = engine_counts(mp)
         before, mine = thread_cpu(pid), os.times()
-        for i in range(args.saves):
-            torch.save(sd, mp / f"ck{i % 3}.pt")
-            time.sleep(args.pause)
+        if args.writers == 1:
+            saves(sd, mp, 0, args.saves, args.pause)
+        else:
+            ctx = multiprocessing.get_context("fork")
+            start = ctx.Barrier(args.writers)
+            procs = [ctx.Process(target=saves, args=(sd, mp, r, args.saves, args.pause, start))
+                     for r in range(args.writers)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
         sync_mount(mp)
         after, mine2 = thread_cpu(pid), os.times()
-        status = json.loads(subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mp), "--json"],
-                                           capture_output=True, text=True, check=True).stdout)
-    gib = args.saves * size / GiB
+        counts = {k: v - counts0.get(k, 0) for k, v in engine_counts(mp).items()}
+    gib = args.writers * args.saves * size / GiB
     split = {k: v - before.get(k, 0.0) for k, v in after.items()}
-    writer = (mine2.user - mine.user) + (mine2.system - mine.system)
-    print(f"{args.saves} saves of {size / MiB:.0f} MiB ({args.tensors} x {args.tensor_mib} MiB), "
+    writer = sum(getattr(mine2, f) - getattr(mine, f) for f in ("user", "system", "children_user", "children_system"))
+    print(f"{args.writers} x {args.saves} saves of {size / MiB:.0f} MiB ({args.tensors} x {args.tensor_mib} MiB), "
           f"engine {args.engine}: CPU s per GiB saved")
     print(f"  saving process  {writer / gib:.3f}")
     print(f"  daemon          {sum(split.values()) / gib:.3f}")
     for name, s in sorted(split.items(), key=lambda kv: -kv[1]):
         if s / gib >= 0.005:
             print(f"    {name:16s} {s / gib:.3f}")
-    es = status.get("engine_stats") or {}
-    counts = {k: es[k] for k in ("write", "adopted", "copied", "shifted", "shifted_adopted", "max_write") if k in es}
     if counts:
-        print("  engine counts (whole mount): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        print("  engine counts (these saves): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
 
 
