@@ -3,7 +3,8 @@
 # what benchmarks/node/pack.sh carried: a venv over the system Python (it has torch), the carried
 # wheels, pyfuse3 built against the carried libfuse3 (if that fails the native engine runs alone),
 # then scale (1..N concurrent torch.save savers, both engines, vs /dev/shm) and restore (1 and 4
-# readers vs ext4 cold). Results go to $OUT (or benchmarks/results/node/).
+# readers vs ext4 cold), then threadcpu (8 savers: the daemon's CPU by thread, WRITE pieces adopted
+# and copied). Results go to $OUT (or benchmarks/results/node/).
 #
 #   bash benchmarks/node/run.sh [full|quick|setup]       CARRY=benchmarks/node/carry OUT=/somewhere
 set -euo pipefail
@@ -54,4 +55,8 @@ else
 fi
 python benchmarks/scale.py --parts absorb --saver torch --engines "$engines" "${scale[@]}" 2>&1 | tee "$out/scale.log"
 python benchmarks/restore.py --readers 1,4 --engines "$engines" "${restore[@]}" 2>&1 | tee "$out/restore.log"
+# where the native engine's CPU goes with 8 ranks saving at once, and how many WRITE pieces it copied
+# (docs/ENGINE.md "Not done yet": concurrent writers)
+python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 4 --saves 2 --writers 8 --memory 8G 2>&1 \
+    | tee "$out/threadcpu.log" || true
 python benchmarks/report.py >/dev/null 2>&1 || true
