@@ -16,7 +16,7 @@ from ckptfs.errors import FsError, UsageError
 from ckptfs.fuse.native import TrioHandler
 from ckptfs.fuse.native_ops import Blocked
 from ckptfs.tasks import LoopLock
-from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header
+from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header, Write
 from mounting import poll
 
 
@@ -277,9 +277,10 @@ def test_without_pyfuse3_a_native_engine_that_cannot_start_fails_with_its_cause(
 
 
 def test_write_buffer_lends_runs_of_slots_and_shifts_them():
-    """write_buffer without a kernel: a run of K lent slots per worker (one chunk each), lending
-    stops at keep_free (the rest of the run is the worker's own memory), a shifted run starts
-    `shift` bytes into its first slot and has one position more; close() gives every slot back."""
+    """write_buffer without a kernel: a run of K lent slots per worker (one chunk each) and one
+    more (room to move a payload onto the grid), lending stops at keep_free (the rest of the run
+    is the worker's own memory), a shifted run starts `shift` bytes into its first slot and has
+    one position more; close() gives every slot back."""
     from inproc import Driver, make_devices
     from ckptfs.fuse.native import request_chunks
     from ckptfs.fuse.native_ops import Operations
@@ -293,27 +294,92 @@ def test_write_buffer_lends_runs_of_slots_and_shifts_them():
         h = TrioHandler(Operations(driver.afs), driver.token, loop, keep_free=10)
         h.session = SimpleNamespace(payload_size=4 * MiB, negotiated=SimpleNamespace(max_write=4 * MiB))
         bufs = h.write_buffer(0)
-        assert [b.nbytes for b in bufs] == [MiB] * 4 and arena.lent_slots == 4
-        assert all(b.obj is arena.view(0).obj for b in bufs)  # views of the arena
+        assert [b.nbytes for b in bufs] == [MiB] * 4 and arena.lent_slots == 5
+        assert all(map(arena.owns, bufs))  # views of the arena
         again = h.write_buffer(0)  # nothing adopted: the same run
-        assert all(b is c for b, c in zip(bufs, again)) and arena.lent_slots == 4
+        assert all(b is c for b, c in zip(bufs, again)) and arena.lent_slots == 5
 
-        other = []  # a second worker: 12 free, lent down to keep_free, the rest its own memory
+        h.shift = 333
+        shifted = h.write_buffer(0)  # K + 1 positions, every one a slot lent already
+        assert [b.nbytes for b in shifted] == [MiB - 333, MiB, MiB, MiB, MiB]
+        assert all(map(arena.owns, shifted)) and h._local.shift == 333 and arena.lent_slots == 5
+
+        other = []  # a second worker: 11 free, lent down to keep_free, the rest its own memory
         t = threading.Thread(target=lambda: other.extend(h.write_buffer(1)))
         t.start()
         t.join()
-        assert [b.nbytes for b in other] == [MiB] * 4 and arena.lent_slots == 6
-        assert sum(b.obj is arena.view(0).obj for b in other) == 2
-
-        h.shift = 333
-        shifted = h.write_buffer(0)  # K + 1 positions; no slot left for the 5th: own memory
-        assert [b.nbytes for b in shifted] == [MiB - 333, MiB, MiB, MiB, MiB]
-        assert shifted[0].obj is arena.view(0).obj and shifted[4].obj is not arena.view(0).obj
-        assert h._local.shift == 333 and arena.lent_slots == 6
+        assert [b.nbytes for b in other] == [MiB - 333, MiB, MiB, MiB, MiB] and arena.lent_slots == 6
+        assert [arena.owns(b) for b in other] == [True, False, False, False, False]
         with loop:
             h.close()
         assert arena.lent_slots == 0 and arena.free_slots == arena.nslots
         assert request_chunks(16, 2) == 2 and request_chunks(2048, 2) == 4 and request_chunks(4, 4) == 1
+    finally:
+        driver.call_sync(loop.uninstall)
+        driver.kill()
+
+
+def _write_req(offset: int, pieces) -> Write:
+    size = sum(p.nbytes for p in pieces)
+    return Write(Header(80 + size, 16, 7, 2, 0, 0, 1), 1, offset, size, 0, 0, 0, tuple(pieces))
+
+
+def _scatter(bufs, payload: bytes) -> list:
+    """The payload as a readv puts it over `bufs`: the views it fills, in order."""
+    out, pos = [], 0
+    for b in bufs:
+        if pos == len(payload):
+            break
+        n = min(b.nbytes, len(payload) - pos)
+        b[:n] = payload[pos:pos + n]
+        out.append(b[:n])
+        pos += n
+    return out
+
+
+def test_a_payload_read_at_the_wrong_shift_is_moved_onto_the_grid_before_it_is_served():
+    """_realign without a kernel: a WRITE 333 bytes past a boundary read into an unshifted run
+    comes out as a shifted run's pieces (first MiB - 333 bytes into slot 0 at 333, whole chunks,
+    the 333-byte tail), same bytes; one read shifted by 333 but starting on the grid moves down;
+    nothing moves where the guess was right, where no piece would adopt its slot, or where the
+    payload lies in the worker's own memory."""
+    import random
+
+    from inproc import Driver, make_devices
+    from ckptfs.fuse.native_ops import Operations
+
+    MiB = 1 << 20
+    driver = Driver(make_devices(1, 64 * MiB), memory=16 * MiB, chunk_size=MiB, fmt=True)
+    loop = driver.store.loop
+    driver.call_sync(loop.install)
+    arena = driver.fs.arena
+    rng = random.Random(3)
+    try:
+        h = TrioHandler(Operations(driver.afs), driver.token, loop, keep_free=10)
+        h.session = SimpleNamespace(payload_size=4 * MiB, negotiated=SimpleNamespace(max_write=4 * MiB))
+        payload = rng.randbytes(4 * MiB)
+        req = _write_req(5 * MiB + 333, _scatter(h.write_buffer(0), payload))
+        run = h._local.reading
+        assert h._realign(req, run, 333) is None  # the guess was right
+        moved, r = h._realign(req, run, 0)
+        assert r == 333 and b"".join(moved.pieces) == payload
+        assert [p.nbytes for p in moved.pieces] == [MiB - 333, MiB, MiB, MiB, 333]
+        assert bytes(arena.view(run[0])[333:MiB]) == payload[:MiB - 333] and all(map(arena.owns, moved.pieces))
+
+        h.shift = 333
+        req = _write_req(8 * MiB, _scatter(h.write_buffer(0), payload))
+        moved, r = h._realign(req, h._local.reading, 333)
+        assert r == 0 and [p.nbytes for p in moved.pieces] == [MiB] * 4 and b"".join(moved.pieces) == payload
+
+        small = _write_req(MiB + 333, _scatter(h.write_buffer(0), payload[:4000]))
+        assert h._realign(small, h._local.reading, 333 + 1) is None  # no piece of it would adopt
+        own = memoryview(bytearray(5 * MiB))
+        req = _write_req(333, _scatter([own[:MiB], own[MiB:2 * MiB], own[2 * MiB:3 * MiB], own[3 * MiB:4 * MiB]],
+                                       payload))
+        assert h._realign(req, h._local.reading, 0) is None  # not the arena's memory
+        with loop:
+            h.close()
+        assert arena.lent_slots == 0
     finally:
         driver.call_sync(loop.uninstall)
         driver.kill()

@@ -321,6 +321,7 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
         assert stats["adopted"] >= 36  # the first 36 MiB: aligned 8 MiB writes, then a 4 MiB bytes
         assert stats["shifted"] > 0  # the 40 MiB write 333 bytes off the grid
         assert stats["shifted_adopted"] > 0  # ... its requests' first pieces too, each chunk's head copied in
+        assert stats["realigned"] > 0  # writes off the grid read at another shift, moved onto it first
     assert stats["copied"] > 0
     driver.call_sync(_check_invariants, driver)
     driver.unmount()
@@ -361,3 +362,49 @@ def test_a_sequential_writers_next_write_is_read_shifted_from_its_first_request(
     assert stats["shifted_adopted"] == 6  # 2 full requests per 8 MiB write(), the first ones included
     driver.call_sync(_check_invariants, driver)
     driver.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="requests of 4 chunks need the max_pages sysctl raised (root)")
+def test_writes_that_interleave_at_other_shifts_are_moved_onto_the_grid(tmp_path):
+    """Two files written in turn, each write() r bytes past a chunk boundary with an r of its own
+    (two ranks saving at once): the first request of each write() is read at the other file's
+    shift, and its worker moves the payload onto the grid before serving it, so its first piece
+    and whole chunks are adopted instead of copied; every byte where it belongs, through the
+    mount and after a remount (one worker: reads follow serves)."""
+    devices = make_devices(2, 256 * MiB)
+    driver = Driver(devices, memory=96 * MiB, chunk_size=MiB, fmt=True, queue_depth=4, journal_half=2 * MiB)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    rng = random.Random(13)
+    files = {name: [rng.randbytes(head)] + [rng.randbytes(8 * MiB + 100 + i) for i in range(3)]
+             for name, head in (("a", 333), ("b", 777))}
+    engine = _mount_native(driver, mnt, threads=1)
+    try:
+        fds = {name: os.open(mnt / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for name in files}
+        try:
+            for i in range(4):
+                for name, parts in files.items():
+                    assert os.write(fds[name], parts[i]) == len(parts[i])  # the other file's shift read last
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        for name, parts in files.items():
+            assert (mnt / name).read_bytes() == b"".join(parts)
+    finally:
+        stats = _unmount_native(driver, engine)
+    assert stats["max_write"] == 4 * MiB
+    assert stats["realigned"] == 6  # the first request of each 8 MiB write()
+    assert stats["shifted_adopted"] == 12  # every full request's first piece (6 without the move)
+    driver.call_sync(_check_invariants, driver)
+    driver.unmount()
+    again = Driver(devices, memory=96 * MiB, chunk_size=MiB, journal_half=2 * MiB)
+    try:
+        engine = _mount_native(again, mnt)
+        try:
+            for name, parts in files.items():
+                assert (mnt / name).read_bytes() == b"".join(parts)  # cold, from the devices
+        finally:
+            _unmount_native(again, engine)
+        again.call_sync(_check_invariants, again)
+    finally:
+        again.kill()

@@ -13,13 +13,16 @@ A slot may also be lent (`lend_nowait`) to a FUSE worker as one of the
 buffers its next request is read into: the kernel copies a WRITE's payload
 straight into them, one chunk per slot, and each piece that is exactly one
 chunk then keeps its slot as that chunk's memory (`adopt`). Lent slots count
-as used, so memory stays within the budget.
+as used, so memory stays within the budget. A worker may move a payload
+between the slots lent to it (`move`, plain memmove by address, GIL released)
+to lay it on the chunk grid before it is served (fuse/realign.py).
 
 INVARIANT: every slot number is either in `_free`, lent, or owned by exactly
 one chunk (in a file, or pinned by a commit or a reply); `used + free == nslots`.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 from dataclasses import dataclass
 
@@ -54,6 +57,8 @@ class Arena:
             flags |= getattr(mmap, "MAP_POPULATE", 0)
         self._map = mmap.mmap(-1, nslots * chunk_size, flags=flags)
         self._view = memoryview(self._map)
+        self._cref = ctypes.c_char.from_buffer(self._map)  # an export of the mapping, for its address
+        self._base = ctypes.addressof(self._cref)
         self._free: list[int] = list(range(nslots - 1, -1, -1))
         self._allocations = 0
         self._full_events = 0
@@ -109,6 +114,23 @@ class Arena:
         start = slot * self.chunk_size
         return self._view[start:start + self.chunk_size]
 
+    def move(self, slots, steps) -> None:
+        """Copy bytes between positions of the run `slots` (position p: byte p % chunk_size of
+        slot slots[p // chunk_size]) as `steps` say ((to, frm, n), realign.moves), with
+        memmove: the GIL is released meanwhile. The slots must be the caller's own (lent to it)."""
+        cs, base, memmove = self.chunk_size, self._base, ctypes.memmove
+        if self._cref is None:
+            raise ValueError("the arena is closed")
+        for to, frm, n in steps:
+            a, b = slots[to // cs], slots[frm // cs]
+            if not (0 < n <= cs - max(to % cs, frm % cs) and 0 <= a < self.nslots and 0 <= b < self.nslots):
+                raise ValueError(f"bad move of {n} bytes from {frm} to {to} in slots {a}, {b}")
+            memmove(base + a * cs + to % cs, base + b * cs + frm % cs, n)
+
+    def owns(self, view: memoryview) -> bool:
+        """Whether `view` is a view of this arena's memory."""
+        return view.obj is self._map
+
     def statistics(self) -> ArenaStats:
         return ArenaStats(self.capacity, self.chunk_size, self.nslots, self.used_slots,
                           self.free_slots, self._allocations, self._full_events)
@@ -119,5 +141,6 @@ class Arena:
         assert not self._lent.intersection(self._free), "lent slot in free list"
 
     def close(self) -> None:
+        self._cref = None  # the export goes first: the mapping cannot close while it is held
         self._view.release()
         self._map.close()

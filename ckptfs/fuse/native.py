@@ -69,6 +69,7 @@ them in a thread), waits for it to end (unmounted), and unmounts.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import inspect
 import logging
@@ -80,6 +81,7 @@ import trio
 from ..errors import FsError, errno_of
 from ..fs.creds import being_killed
 from ..fs.facade import AsyncFilesystem
+from . import realign
 from .kernel.session import Session, default_threads
 from ..tasks import LoopLock
 from .native_ops import WANT, Blocked, Operations
@@ -131,6 +133,10 @@ class TrioHandler:
         self.shift = 0  # r for the next read (set by on_read, without the lock: a wrong guess only costs copies)
         self.shifted = 0  # WRITEs read into a shifted run
         self.shifted_adopted = 0  # ... whose first piece was adopted (its chunk's head copied in)
+        # WRITEs read at another shift than their own, moved onto the grid by their worker before
+        # they were served (fuse/realign.py), and their bytes
+        self.realigned = 0
+        self.realigned_bytes = 0
 
     def init(self, neg) -> None:
         # once, from Session.start, before any worker runs: no turn, no lock
@@ -226,9 +232,13 @@ class TrioHandler:
         if run is None:
             return self._serve(self.ops.write, req, after=lambda: self._count(len(req.pieces), 0))
         # piece i lies at the start of position i (the read filled them in order), except a shifted
-        # run's first piece, r bytes into its slot
-        slots = run[:len(req.pieces)]
+        # run's first piece, r bytes into its slot; a payload read at the wrong shift is moved to
+        # its own first (outside the lock, GIL released)
         shifted = self._local.shift
+        moved = self._realign(req, run, shifted)
+        if moved is not None:
+            req, shifted = moved
+        slots = run[:len(req.pieces)]
         arena = self.ops.afs.fs.arena
 
         def adopted() -> None:  # under the lock: once adopted, a slot may be freed and lent again
@@ -243,7 +253,28 @@ class TrioHandler:
                     self.shifted_adopted += bool(shifted and not i)
             self._count(len(slots), n)
             self.shifted += bool(shifted)
+            if moved is not None:
+                self.realigned += 1
+                self.realigned_bytes += req.size
         return self._serve(self.ops.write, req, slots, shifted, after=adopted)
+
+    def _realign(self, req, run, guess: int):
+        """In the worker, before the lock: `req` with its payload moved from position `guess` of
+        the run it was read into to its own offset past a chunk boundary, r, and r (fuse/realign.py:
+        then its pieces on the grid adopt their slots instead of being copied under the lock);
+        None where the guess was right, moving would not pay, or a position the move needs is no
+        lent slot of this worker's (a run short of slots reads into the worker's own memory)."""
+        arena = self.ops.afs.fs.arena
+        cs = arena.chunk_size
+        r, size = req.offset % cs, req.size
+        if r == guess or not realign.worth(r, size, cs):
+            return None
+        span = max(realign.slots_spanned(guess, size, cs), realign.slots_spanned(r, size, cs))
+        if span > len(run) or None in run[:span] or not all(map(arena.owns, req.pieces)):
+            return None
+        arena.move(run, realign.moves(guess, r, size, cs))
+        pieces = tuple(arena.view(run[i])[begin:end] for i, begin, end in realign.layout(r, size, cs))
+        return dataclasses.replace(req, pieces=pieces), r
 
     def on_read(self, req) -> None:
         """The session's hook, as soon as a request is read (before it is served): the shift for
@@ -296,10 +327,13 @@ class TrioHandler:
             local.shift = shift
             return out
         n = local.k + (1 if shift else 0)
+        # slots lent: K + 1 whenever a request has whole chunks, shifted or not, so that a payload
+        # read at the wrong shift has room to be moved onto the grid (`_realign`)
+        lend = local.k + (1 if local.k > 1 else 0)
         bufs = local.bufs
-        if None in run[:n] and afs.can_lend(self.keep_free):
+        if None in run[:lend] and afs.can_lend(self.keep_free):
             with self.loop:
-                for i in range(n):
+                for i in range(lend):
                     if run[i] is None:
                         slot = afs.lend_slot(self.keep_free)
                         if slot is None:
@@ -318,7 +352,7 @@ class TrioHandler:
         local.reading = run
         local.shift = shift
         out = [bufs[0][shift:], *bufs[1:n]] if shift else bufs[:n]
-        if None not in run[:n]:  # (with a buffer of its own in the run, lend again next time)
+        if None not in run[:lend]:  # (with a buffer of its own in the run, or one short, lend again next time)
             local.out, local.out_shift = out, shift
         return out
 
@@ -442,6 +476,8 @@ class NativeEngine:
         stats["copied"] = self.handler.copied
         stats["shifted"] = self.handler.shifted
         stats["shifted_adopted"] = self.handler.shifted_adopted
+        stats["realigned"] = self.handler.realigned
+        stats["realigned_bytes"] = self.handler.realigned_bytes
         stats["killed"] = self.handler.killed
         stats["threads"] = self.session.threads
         if self.session.negotiated is not None:

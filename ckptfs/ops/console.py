@@ -84,7 +84,8 @@ def render(st: dict, limit: int = 20):
     es = st.get("engine_stats")
     if es:
         head.append(f"  requests <= {human_bytes(es.get('max_write', 0))}, {es.get('write', 0)} writes: "
-                    f"{es.get('adopted', 0)} chunks adopted, {es.get('copied', 0)} pieces copied")
+                    f"{es.get('adopted', 0)} chunks adopted, {es.get('copied', 0)} pieces copied, "
+                    f"{es.get('realigned', 0)} moved onto the grid")
     if st.get("metrics_url"):
         head.append(f"  metrics {st['metrics_url']}")
     parts.append(head)
