@@ -9,7 +9,8 @@ daemon's split by thread name (/proc/PID/task/*/stat: the native engine's
 FUSE workers show as "ckptfs-fuse N" (kernel/mount.py name_thread); the
 trio thread as "python"; trio's worker threads, the drain's and
 the journal's, as "Trio thread N"), and the native engine's counts
-of adopted and copied WRITE pieces over the measured saves. A diagnostic, not
+of adopted, copied and realigned WRITE pieces and of waits for the loop lock
+over the measured saves. A diagnostic, not
 a `make bench` case: no targets, no results file. With `--writers 1` (the
 default) the saves are in one process, so the figures also say what one rank
 costs; `--writers N`: N processes save at once, each into its own files (the
@@ -55,7 +56,9 @@ def engine_counts(mp: Path) -> dict[str, int]:
     status = json.loads(subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mp), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     es = status.get("engine_stats") or {}
-    return {k: es[k] for k in ("write", "adopted", "copied", "shifted", "shifted_adopted") if k in es}
+    keys = ("write", "adopted", "copied", "shifted", "shifted_adopted", "realigned", "realigned_bytes",
+            "lock_waits", "lock_wait_s")
+    return {k: es[k] for k in keys if k in es}
 
 
 def saves(sd: dict, mp: Path, rank: int, n: int, pause: float, start=None) -> None:
@@ -114,7 +117,8 @@ def main() -> int:
         if s / gib >= 0.005:
             print(f"    {name:16s} {s / gib:.3f}")
     if counts:
-        print("  engine counts (these saves): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        print("  engine counts (these saves): " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in counts.items()))
     return 0
 
 
