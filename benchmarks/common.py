@@ -200,10 +200,12 @@ def proc_cpu_seconds(pid: int) -> float:
         return stat_cpu_seconds(f.read())
 
 
-def stat_cpu_seconds(stat: str) -> float:
-    """User + system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat)."""
+def stat_cpu_seconds(stat: str, split: bool = False):
+    """User + system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat); with
+    `split`, (user, system) apart."""
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: fields 14, 15 of stat
+    user, system = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime: fields 14, 15
+    return (user, system) if split else user + system
 
 
 def children_cpu_seconds(pid: int) -> float:

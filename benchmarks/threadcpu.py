@@ -36,9 +36,10 @@ import torch
 from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_cpu_seconds, sync_mount
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
+def thread_cpu(pid: int, split: bool = False) -> dict[str, float]:
     """CPU seconds so far of each thread name of process `pid`, numbered names as one ("Trio
-    thread N": trio's worker threads, the drain's and the journal's)."""
+    thread N": trio's worker threads, the drain's and the journal's); with `split`, user and
+    system time apart ("NAME usr", "NAME sys")."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -47,7 +48,10 @@ def thread_cpu(pid: int) -> dict[str, float]:
         except FileNotFoundError:
             continue  # a thread that just ended
         name = re.sub(r" \d+$", " N", raw[raw.index("(") + 1:raw.rindex(")")])
-        out[name] = out.get(name, 0.0) + stat_cpu_seconds(raw)
+        parts = stat_cpu_seconds(raw, split=True)
+        for kind, s in (zip(("usr", "sys"), parts) if split else (("", sum(parts)),)):
+            key = f"{name} {kind}".rstrip()
+            out[key] = out.get(key, 0.0) + s
     return out
 
 
@@ -79,6 +83,7 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.25, help="seconds between saves")
     ap.add_argument("--memory", default="2G")
     ap.add_argument("--writers", type=int, default=1, help="processes saving at once, each into its own files")
+    ap.add_argument("--user-system", action="store_true", help="each thread's user and system CPU apart")
     args = ap.parse_args()
     n = int(args.tensor_mib * MiB) // 4
     g = torch.Generator().manual_seed(0)
@@ -90,7 +95,7 @@ def main() -> int:
         torch.save(sd, mp / "warm.pt")  # the first save's set-up (lent slots, faults) not counted
         sync_mount(mp)
         counts0 = engine_counts(mp)
-        before, mine = thread_cpu(pid), os.times()
+        before, mine = thread_cpu(pid, args.user_system), os.times()
         if args.writers == 1:
             saves(sd, mp, 0, args.saves, args.pause)
         else:
@@ -104,7 +109,7 @@ def main() -> int:
                 p.join()
             assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
         sync_mount(mp)
-        after, mine2 = thread_cpu(pid), os.times()
+        after, mine2 = thread_cpu(pid, args.user_system), os.times()
         counts = {k: v - counts0.get(k, 0) for k, v in engine_counts(mp).items()}
     gib = args.writers * args.saves * size / GiB
     split = {k: v - before.get(k, 0.0) for k, v in after.items()}
