@@ -200,12 +200,15 @@ def proc_cpu_seconds(pid: int) -> float:
         return stat_cpu_seconds(f.read())
 
 
-def stat_cpu_seconds(stat: str, split: bool = False):
-    """User + system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat); with
-    `split`, (user, system) apart."""
+def stat_user_system(stat: str) -> tuple[float, float]:
+    """User and system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat)."""
     fields = stat.rsplit(")", 1)[1].split()
-    user, system = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime: fields 14, 15
-    return (user, system) if split else user + system
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime: fields 14, 15 of stat
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds in the text of a /proc/PID/stat (or .../task/TID/stat)."""
+    return sum(stat_user_system(stat))
 
 
 def children_cpu_seconds(pid: int) -> float:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_cpu_seconds, sync_mount
+from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_user_system, sync_mount
 
 
 def thread_cpu(pid: int, split: bool = False) -> dict[str, float]:
@@ -48,9 +48,8 @@ def thread_cpu(pid: int, split: bool = False) -> dict[str, float]:
         except FileNotFoundError:
             continue  # a thread that just ended
         name = re.sub(r" \d+$", " N", raw[raw.index("(") + 1:raw.rindex(")")])
-        parts = stat_cpu_seconds(raw, split=True)
-        for kind, s in (zip(("usr", "sys"), parts) if split else (("", sum(parts)),)):
-            key = f"{name} {kind}".rstrip()
+        user, system = stat_user_system(raw)
+        for key, s in ({f"{name} usr": user, f"{name} sys": system} if split else {name: user + system}).items():
             out[key] = out.get(key, 0.0) + s
     return out
 

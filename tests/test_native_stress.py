@@ -325,12 +325,21 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
     assert stats["copied"] > 0
     driver.call_sync(_check_invariants, driver)
     driver.unmount()
-    again = Driver(devices, memory=64 * MiB, chunk_size=MiB, journal_half=2 * MiB)
+
+    def cold() -> None:
+        assert (mnt / "f").stat().st_size == len(model)
+        assert _read_back(mnt / "f", len(model)) == model  # cold: fetched in READs of 4 MiB + 5
+    _after_remount(devices, 64 * MiB, mnt, cold)
+
+
+def _after_remount(devices, memory: int, mnt, check) -> None:
+    """Mount `devices` again (native engine, not formatted) at `mnt`, run `check()` through it,
+    unmount; the store's invariants intact."""
+    again = Driver(devices, memory=memory, chunk_size=MiB, journal_half=2 * MiB)
     try:
         engine = _mount_native(again, mnt)
         try:
-            assert (mnt / "f").stat().st_size == len(model)
-            assert _read_back(mnt / "f", len(model)) == model  # cold: fetched in READs of 4 MiB + 5
+            check()
         finally:
             _unmount_native(again, engine)
         again.call_sync(_check_invariants, again)
@@ -397,14 +406,8 @@ def test_writes_that_interleave_at_other_shifts_are_moved_onto_the_grid(tmp_path
     assert stats["shifted_adopted"] == 12  # every full request's first piece (6 without the move)
     driver.call_sync(_check_invariants, driver)
     driver.unmount()
-    again = Driver(devices, memory=96 * MiB, chunk_size=MiB, journal_half=2 * MiB)
-    try:
-        engine = _mount_native(again, mnt)
-        try:
-            for name, parts in files.items():
-                assert (mnt / name).read_bytes() == b"".join(parts)  # cold, from the devices
-        finally:
-            _unmount_native(again, engine)
-        again.call_sync(_check_invariants, again)
-    finally:
-        again.kill()
+
+    def cold() -> None:
+        for name, parts in files.items():
+            assert (mnt / name).read_bytes() == b"".join(parts)  # from the devices
+    _after_remount(devices, 96 * MiB, mnt, cold)
