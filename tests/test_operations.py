@@ -480,6 +480,31 @@ def test_a_missing_name_is_cached_as_missing_and_appears_once_created(ckpt):
         assert lookups < 20, f"{lookups} LOOKUPs: missing names were not cached"
 
 
+def test_a_read_only_close_costs_no_flush_and_a_writers_close_still_commits(ckpt):
+    """A read-only handle's close commits nothing, so the native engine opens it FOPEN_NOFLUSH and
+    the kernel sends no FLUSH (one round trip less per torch.load, safetensors load_file...); a
+    writer's close still sends its FLUSH, which commits the file before close() returns."""
+    if ckpt.engine != "native":
+        pytest.skip("pyfuse3 has no FOPEN_NOFLUSH")
+    f = ckpt.path / "w.bin"
+    flushes = lambda: status_json(ckpt)["engine_stats"].get("flush", 0)  # noqa: E731
+    before = flushes()
+    f.write_bytes(b"x" * 5000)
+    assert ckpt.path.joinpath("w.bin").stat().st_size == 5000
+    assert flushes() == before + 1  # the writer's close
+    assert ckptfs.state(f) in ("draining", "durable")  # ...committed the file
+    for _ in range(20):
+        assert f.read_bytes() == b"x" * 5000
+        with open(f, "rb") as h:
+            assert h.read(10) == b"x" * 10
+            os.close(os.dup(h.fileno()))  # a close of a copy: no FLUSH either
+    assert flushes() == before + 1
+    with open(f, "r+b") as h:  # read-write: FLUSH as before
+        h.write(b"y")
+    assert flushes() == before + 2
+    assert f.read_bytes() == b"y" + b"x" * 4999
+
+
 def test_a_forked_childs_close_of_an_inherited_descriptor_commits_nothing(ckpt):
     """A writer that forks half way through a file (a subprocess, a DataLoader worker) gives the
     child a copy of its descriptor; the child's close at exec or exit sends a FLUSH too. Only

@@ -107,6 +107,7 @@ class OpenResult:
     fh: int
     direct_io: bool
     keep_cache: bool
+    noflush: bool = False  # a read-only handle: its close commits nothing, so it needs no FLUSH
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,11 @@ class Filesystem:
             self._writers[inode.ino] = self._writers.get(inode.ino, 0) + 1
             return OpenResult(fh, direct_io=True, keep_cache=False)
         if self.direct_reads:
-            return OpenResult(fh, direct_io=True, keep_cache=False)
+            return OpenResult(fh, direct_io=True, keep_cache=False, noflush=True)
         keep = (not self._writers.get(inode.ino)
                 and self._cached_version.get(inode.ino) == inode.version)
         self._cached_version[inode.ino] = inode.version
-        return OpenResult(fh, direct_io=False, keep_cache=keep)
+        return OpenResult(fh, direct_io=False, keep_cache=keep, noflush=True)
 
     def handle(self, fh: int) -> Handle:
         try:

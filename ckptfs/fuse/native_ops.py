@@ -108,6 +108,8 @@ class Operations:
         flags = (abi.FOPEN_DIRECT_IO | abi.FOPEN_PARALLEL_DIRECT_WRITES) if r.direct_io else 0
         if r.keep_cache:
             flags |= abi.FOPEN_KEEP_CACHE
+        if r.noflush:
+            flags |= abi.FOPEN_NOFLUSH  # no FLUSH round trip at close() (a read-only handle's does nothing)
         return OpenOut(r.fh, flags)
 
     @staticmethod
