@@ -742,18 +742,26 @@ def test_fs_short_write_then_nospace(fs):
     fs.release(fh)
 
 
-def test_fs_direct_reads_make_read_only_opens_direct_io(fs):
+def test_fs_direct_reads_make_read_only_opens_of_all_but_small_files_direct_io(fs):
     fh, inode = create(fs, b"f")
-    fs.write(fh, 0, b"v1")
+    fs.write(fh, 0, b"v1v1v")
     fs.release(fh)
     fs.direct_reads = True  # the native engine, where the kernel maps direct_io files shared
+    fs.cached_read_max = 4
     for _ in range(2):  # unchanged, yet no page cache: every read reaches the filesystem
         r = fs.open(inode.ino, os.O_RDONLY)
-        assert r.direct_io and not r.keep_cache
+        assert r.direct_io and not r.keep_cache and r.noflush
         fs.release(r.fh)
     w = fs.open(inode.ino, os.O_RDWR)
-    assert w.direct_io and not w.keep_cache
+    assert w.direct_io and not w.keep_cache and not w.noflush  # a writer's close commits: FLUSH
+    fs.setattr(inode.ino, size=4)  # small now: read through the page cache, kept while unchanged
     fs.release(w.fh)
+    r1 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r1.direct_io and not r1.keep_cache and r1.noflush
+    fs.release(r1.fh)
+    r2 = fs.open(inode.ino, os.O_RDONLY)
+    assert not r2.direct_io and r2.keep_cache
+    fs.release(r2.fh)
 
 
 def test_fs_keep_cache_only_when_unchanged(fs):

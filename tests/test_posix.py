@@ -607,6 +607,44 @@ def test_read_only_opens_go_direct_where_the_kernel_maps_direct_io_files(d, mnt,
         assert n <= 4, f"{n} READ requests for 40 MiB"
 
 
+def test_small_files_are_read_through_the_page_cache_and_stay_coherent(d, mnt):
+    """Where read-only opens go direct, a file of at most core.CACHED_READ_MAX (8 MiB) is still read
+    through the page cache: the kernel's read-ahead brings it in (torch.load's dozen small read()
+    calls of a 1.6 MB checkpoint cost one READ instead of twelve here), an unchanged file read
+    again costs no READ (kept cache), and a rewrite through another descriptor is seen by the next open, by read and mmap."""
+    if _reads(mnt) != "direct":
+        pytest.skip("read-only opens use the page cache here anyway")
+    reads = lambda: _status(mnt)["engine_stats"].get("read", 0)  # noqa: E731
+    p = d / "ck"
+    old = os.urandom(1_600_000)
+    p.write_bytes(old)
+    before = reads()
+    with open(p, "rb", buffering=0) as f:  # as torch.load: small reads here and there
+        assert f.read(4096) == old[:4096]
+        f.seek(1_597_867)
+        assert f.read(4096) == old[1_597_867:]
+        f.seek(454)
+        assert f.read(400_000) == old[454:400_454]
+    first = reads() - before
+    assert first > 0
+    for _ in range(3):
+        with open(p, "rb", buffering=0) as f:
+            assert f.read(4096) == old[:4096]
+            f.seek(1_597_867)
+            assert f.read(4096) == old[1_597_867:]
+        assert p.read_bytes() == old
+        assert _read_via(p, "mmap") == old
+    assert reads() - before == first  # kept: no READ for an unchanged file (direct: 3 per loop)
+    new = os.urandom(1_600_000)
+    with open(p, "rb") as reader:
+        assert reader.read(10) == old[:10]
+        with open(p, "r+b") as w:  # a direct_io writer beside a cached reader
+            w.write(new)
+        assert p.read_bytes() == new  # a new open sees the rewrite
+        assert _read_via(p, "mmap") == new
+    assert reads() - before > first
+
+
 def test_shared_writable_mmap_of_writable_open(d, mnt):
     """Where read-only opens go direct (the kernel maps direct_io files: native engine), a file
     open for writing may be mapped shared-writable and its bytes arrive (tests/test_writers.py

@@ -52,6 +52,11 @@ SETID = stat.S_ISUID | stat.S_ISGID
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 FALLOC_MODES = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
 COPY_AHEAD = 16  # chunks of a copy's source fetched at once when it finds them evicted
+# With direct reads, a read-only open of a file no larger than this still goes through the page
+# cache: a small checkpoint is read in many small read() calls (torch.load: 12 for 1.6 MB), each a
+# round trip when direct; cached, the kernel's read-ahead brings the file in one or two READs and
+# an unchanged file read again costs none (keep_cache). docs/DESIGN.md "Why readers go direct".
+CACHED_READ_MAX = 8 << 20
 
 
 def setid_bits_to_drop(mode: int, gid: int, caller: Caller | None) -> int:
@@ -136,7 +141,8 @@ class Filesystem:
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._cached_version: dict[int, int] = {}  # ino -> data version the page cache holds
-        self.direct_reads = False  # read-only opens direct_io too (set by the front end at INIT)
+        self.direct_reads = False  # read-only opens direct_io too (set by the front end at INIT)...
+        self.cached_read_max = CACHED_READ_MAX  # ...of files larger than this; smaller ones: page cache
         self._writers: dict[int, int] = {}  # ino -> open writable handles
 
     # ---- lifetime ------------------------------------------------------
@@ -160,7 +166,7 @@ class Filesystem:
         if writable:
             self._writers[inode.ino] = self._writers.get(inode.ino, 0) + 1
             return OpenResult(fh, direct_io=True, keep_cache=False)
-        if self.direct_reads:
+        if self.direct_reads and inode.size > self.cached_read_max:
             return OpenResult(fh, direct_io=True, keep_cache=False, noflush=True)
         keep = (not self._writers.get(inode.ino)
                 and self._cached_version.get(inode.ino) == inode.version)
