@@ -9,13 +9,16 @@ testable byte by byte with no mount.
 
 Open handles remember how the file was opened (append, writable). Files
 opened for writing are served with direct_io (no page cache in front, the
-fast path measured in docs/PERFORMANCE.md). Read-only opens too where the
-front end can still map such files shared (`direct_reads`: the native engine
-with the kernel's FUSE_DIRECT_IO_ALLOW_MMAP): a READ's reply then lands in the
-reader's own buffer, not in fresh page-cache pages that the reader copies out
-of again. Elsewhere (pyfuse3) read-only opens use the page cache, kept when the
-data has not changed since the previous read-only open, so mmap readers
-(safetensors, torch.load(mmap=True)) work and stay coherent.
+fast path measured in docs/PERFORMANCE.md). Read-only opens of files over
+CACHED_READ_MAX too where the front end can still map such files shared
+(`direct_reads`: the native engine with the kernel's FUSE_DIRECT_IO_ALLOW_MMAP):
+a READ's reply then lands in the reader's own buffer, not in fresh page-cache
+pages that the reader copies out of again. Smaller files there, and every file
+elsewhere (pyfuse3), are read through the page cache, kept when the data has
+not changed since the previous read-only open, so mmap readers (safetensors,
+torch.load(mmap=True)) work and stay coherent, and the many small reads of a
+small checkpoint are not a round trip each. A read-only handle's close commits
+nothing (`noflush`: the front end may spare the kernel its FLUSH).
 
 Set-user-ID and set-group-ID bits: a write, a truncate or an open with O_TRUNC
 by a caller without CAP_FSETID clears them, by Linux's rules

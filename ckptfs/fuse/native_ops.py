@@ -36,13 +36,16 @@ whether the writer lacks CAP_FSETID (FUSE_WRITE_KILL_SUIDGID, sent for every
 direct_io write): that flag decides, the writer rather than the opener.
 
 Reads: the engine also asks for FUSE_DIRECT_IO_ALLOW_MMAP (`WANT`). Where the
-kernel grants it, read-only opens are direct_io too (`init`, core's
-`direct_reads`): a READ's reply is copied once, from the arena slot into the
+kernel grants it, read-only opens of files over 8 MiB are direct_io too (`init`,
+core's `direct_reads` and CACHED_READ_MAX; smaller files keep the page cache):
+a READ's reply is copied once, from the arena slot into the
 reader's buffer, instead of into fresh page-cache pages first; mmap of such an
 open, shared or private, still works through the page cache (the kernel drops
 the file's cached pages at each new mapping). It also lets a file open for
 writing be mapped shared-writable: its dirty pages come back as WRITEs and
 count from the next close or fsync, like any write (docs/SEMANTICS.md).
+Read-only opens answer FOPEN_NOFLUSH (core's `noflush`): their close sends no
+FLUSH, which would commit nothing.
 """
 from __future__ import annotations
 
