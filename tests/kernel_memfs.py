@@ -430,10 +430,11 @@ class MemFS:
         if req.name == SLOW_XATTR:
             self.slow_entered.set()
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if self.session.interrupted(req.unique):
-                    raise _err(errno.EINTR)
-                time.sleep(0.01)
+            with self.session.waiting():  # the INTERRUPT must be read by another worker
+                while time.monotonic() < deadline:
+                    if self.session.interrupted(req.unique):
+                        raise _err(errno.EINTR)
+                    time.sleep(0.01)
             raise _err(errno.ETIMEDOUT)
         with self.lock:
             value = self._node(req.nodeid).xattrs.get(req.name)

@@ -126,7 +126,29 @@ def test_64mib_from_four_writer_processes_at_once(memfs):
             h.update(block)
     assert h.hexdigest() == want
     assert fs.adopted >= 32 and fs.copied > 0  # most payloads landed in their chunk with no copy
-    assert s.statistics().get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
+    stats = s.statistics()
+    assert stats.get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
+    # four writers at once: queued WRITEs woke the parked workers (readers.py), who served them too
+    assert stats["readers_activated"] + stats["readers_woken"] >= 1
+    assert sum(c.get("write", 0) > 0 for c in s._counts) >= 2
+
+
+@pytest.mark.mount
+def test_a_client_sending_one_request_at_a_time_is_served_by_one_worker(memfs):
+    """While requests come one at a time, one worker reads and serves them all, the other three
+    park (readers.py): the kernel would otherwise hand each to the worker that waited longest."""
+    fs, s, mnt = memfs
+    f = mnt / "f"
+    f.write_bytes(b"x")
+    os.setxattr(f, "user.a", b"1")
+    time.sleep(0.1)  # whatever the write left queued (RELEASE) is served
+    before = [c.get("getxattr", 0) for c in s._counts]
+    for _ in range(300):
+        assert os.getxattr(f, "user.a") == b"1"  # a round trip each (xattrs are never cached)
+    served = [c.get("getxattr", 0) - b for c, b in zip(s._counts, before)]
+    assert sum(served) == 300
+    assert max(served) >= 285, f"spread over workers: {served}"
+    assert s.statistics()["readers_parked"] >= 3
 
 
 @pytest.mark.mount

@@ -11,8 +11,12 @@ Lifecycle::
 
 Threads: worker 0 reads the session descriptor, workers 1..N-1 each read a
 clone (FUSE_DEV_IOC_CLONE); the kernel hands each request to one reader.
-A handler about to wait for long (memory, a fetch, durability) says so with
-``with session.waiting():``: when that leaves no worker reading, a spare
+While requests come one at a time, one worker reads and the others park
+(readers.py); all read once requests queue up or a handler waits.
+A handler about to wait for long (memory, a fetch, durability, another
+request such as an INTERRUPT) must say so with
+``with session.waiting():`` (else the requests behind it wait for it, as in
+a single-threaded server): every worker then reads, and when that leaves no worker reading, a spare
 worker starts on a new clone (at most SPARE_WORKERS), so that other requests
 and INTERRUPTs are still read meanwhile; a spare leaves after a request once
 other workers are free again (the handler's optional `worker_exit()` then
@@ -78,6 +82,7 @@ import errno
 import logging
 import operator
 import os
+import select
 import threading
 import time
 
@@ -85,6 +90,7 @@ from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
 from .order import KernelOrder
 from .parse import parse_header, parse_request
+from .readers import BULK, Readers, backlog
 from .replies import (AttrOut, CopiedOut, CreateOut, DirentBuffer, EntryOut, LseekOut, OpenOut, StatfsOut, WriteOut,
                       XattrSize, error_reply, frame)
 from .requests import Init, ProtocolError
@@ -174,6 +180,7 @@ class Session:
         self._pages_limit: int | None = None
         self.mounted = False
         self.order = KernelOrder()  # handlers that want the kernel's order take turns (order.py)
+        self.readers = Readers()  # one worker reads while requests come one at a time (readers.py)
 
     # ---- lifecycle -----------------------------------------------------------------
     def mount(self) -> None:
@@ -308,7 +315,9 @@ class Session:
 
     @contextlib.contextmanager
     def waiting(self):
-        """Around a handler's long wait: if no other worker is left reading, start a spare one."""
+        """Around a handler's long wait: every worker reads meanwhile (readers.py), and if no other
+        worker is left to read, a spare one starts."""
+        self.readers.activate()
         spare = False
         with self._spare_lock:
             self._waiting += 1
@@ -353,6 +362,9 @@ class Session:
             for k, v in list(counts.items()):
                 total[k] = total.get(k, 0) + v
         total["spares_started"] = self.spares_started
+        total["readers_parked"] = self.readers.parks
+        total["readers_activated"] = self.readers.activations
+        total["readers_woken"] = self.readers.wakes
         return total
 
     # ---- the workers ---------------------------------------------------------------------
@@ -393,18 +405,30 @@ class Session:
         own = memoryview(bytearray(self.payload_size))
         counts = self._counts[index]
         left = False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         try:
             while True:
-                payload = self._payload(index, own)
+                self.readers.enter(may_park=index < self.threads)
                 try:
+                    payload = self._payload(index, own)
                     n = os.readv(fd, [hdr, *payload])
                 except OSError as e:
+                    self.readers.leave()
                     if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                         continue  # ENOENT: the request was interrupted before we got it
                     if e.errno in (errno.ENODEV, errno.ECONNABORTED):
                         break  # unmounted or aborted
                     log.error("worker %d: read of /dev/fuse failed: %s; stopping", index, e)
                     break
+                except BaseException:
+                    self.readers.leave()
+                    raise
+                if self.readers.leave() and backlog(poller):  # requests are queued behind this one
+                    if n >= BULK:
+                        self.readers.activate()  # several writers at once: every worker reads
+                    else:
+                        self.readers.wake_one()
                 if n == 0:
                     break  # end of file: not /dev/fuse (a socket in tests) and its peer is gone
                 try:
@@ -417,9 +441,11 @@ class Session:
                     log.exception("worker %d: request not served", index)
                 if self._spare_leaves(index):
                     left = True
+                    self.readers.gone()
                     break
         finally:
             if not left:
+                self.readers.stop()  # unmounted (or a failed read): no worker may stay parked
                 with self._spare_lock:
                     self._running -= 1
                     if index >= self.threads:
