@@ -28,6 +28,7 @@ CHUNK = 1 << 20
 ZERO = memoryview(bytes(CHUNK))
 SLOW_XATTR = b"user.slow"  # getxattr of it waits until interrupted (10 s at most)
 WAIT_XATTR = b"user.wait"  # getxattr of it waits, saying so to the session, until `released` is set
+HOLD_XATTR = b"user.hold"  # getxattr of it waits until `released` is set, saying nothing (a slow handler)
 
 
 def _err(code: int, what: str = "") -> OSError:
@@ -62,7 +63,9 @@ class MemFS:
         self.fsyncs = self.syncfs_calls = 0
         self.slow_entered = threading.Event()
         self.released = threading.Event()
+        self.holding = threading.Event()  # a HOLD_XATTR getxattr is in its handler
         self.exits = 0  # spare workers that left (worker_exit)
+        self.getxattr_by: list[str] = []  # the worker thread that served each GETXATTR, in order
 
     # ---- helpers (call with the lock held) ----------------------------------------------
     def _node(self, ino: int) -> Node:
@@ -424,6 +427,10 @@ class MemFS:
         self.exits += 1
 
     def getxattr(self, req):
+        self.getxattr_by.append(threading.current_thread().name)
+        if req.name == HOLD_XATTR:
+            self.holding.set()
+            return b"released" if self.released.wait(30) else b"timed out"
         if req.name == WAIT_XATTR:
             with self.session.waiting():
                 return b"released" if self.released.wait(30) else b"timed out"

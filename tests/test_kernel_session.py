@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import nobody
-from kernel_memfs import CHUNK, WAIT_XATTR, MemFS, serve
+from kernel_memfs import CHUNK, HOLD_XATTR, WAIT_XATTR, MemFS, serve
 from ckptfs.fuse.kernel import abi
 from ckptfs.fuse.kernel.abi import Op
 from ckptfs.fuse.kernel.session import Session
@@ -126,29 +126,75 @@ def test_64mib_from_four_writer_processes_at_once(memfs):
             h.update(block)
     assert h.hexdigest() == want
     assert fs.adopted >= 32 and fs.copied > 0  # most payloads landed in their chunk with no copy
-    stats = s.statistics()
-    assert stats.get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
-    # four writers at once: queued WRITEs woke the parked workers (readers.py), who served them too
-    assert stats["readers_activated"] + stats["readers_woken"] >= 1
-    assert sum(c.get("write", 0) > 0 for c in s._counts) >= 2
+    assert s.statistics().get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
 
 
 @pytest.mark.mount
 def test_a_client_sending_one_request_at_a_time_is_served_by_one_worker(memfs):
     """While requests come one at a time, one worker reads and serves them all, the other three
-    park (readers.py): the kernel would otherwise hand each to the worker that waited longest."""
+    park (readers.py): the kernel would otherwise hand each to the worker that waited longest
+    (without parking: 140-257 of 300 on the busiest worker, the next request on another worker
+    about every other time). A parked worker reads only when woken (a request queued behind
+    another: on a loaded machine the kernel's FORGETs), and each such wake-up moves the requests to
+    another worker at most three times (there, back while the woken one is still reading, and
+    there again if it read the next one first)."""
     fs, s, mnt = memfs
     f = mnt / "f"
     f.write_bytes(b"x")
     os.setxattr(f, "user.a", b"1")
     time.sleep(0.1)  # whatever the write left queued (RELEASE) is served
-    before = [c.get("getxattr", 0) for c in s._counts]
+    poll(lambda: os.getxattr(f, "user.a") and s.readers.parked == 3, "three workers parked")
+    st0, start = s.statistics(), len(fs.getxattr_by)
     for _ in range(300):
         assert os.getxattr(f, "user.a") == b"1"  # a round trip each (xattrs are never cached)
-    served = [c.get("getxattr", 0) - b for c, b in zip(s._counts, before)]
-    assert sum(served) == 300
-    assert max(served) >= 285, f"spread over workers: {served}"
-    assert s.statistics()["readers_parked"] >= 3
+    st1, by = s.statistics(), fs.getxattr_by[start:]
+    assert len(by) == 300
+    switches = sum(a != b for a, b in zip(by, by[1:]))
+    woken = st1["readers_woken"] - st0["readers_woken"]
+    assert st1["readers_activated"] == st0["readers_activated"]  # nothing made every worker read
+    assert switches <= 3 * woken, f"{switches} switches of worker, {woken} wake-ups: {by}"
+
+
+@pytest.mark.mount
+def test_requests_queued_behind_a_slow_handler_wake_parked_workers(memfs):
+    """The one reader held in a slow handler that does not say `waiting()`: requests queue meanwhile
+    (nobody reads, as in a single-threaded server). Once it is back, the backlog it finds wakes
+    parked workers one at a time (readers.py `wake_one`), so the queued requests are served by more
+    than one worker."""
+    fs, s, mnt = memfs
+    f = mnt / "f"
+    f.write_bytes(b"x")
+    os.setxattr(f, "user.a", b"1")
+    poll(lambda: os.getxattr(f, "user.a") and s.readers.parked == 3, "one worker reading, three parked")
+    held = threading.Thread(target=os.getxattr, args=(f, HOLD_XATTR))
+    held.start()
+    assert fs.holding.wait(10)
+    before = s.statistics()
+    got, tids = [], []
+
+    def client():
+        tids.append(threading.get_native_id())
+        got.append(os.getxattr(f, "user.a"))
+    clients = [threading.Thread(target=client) for _ in range(6)]
+    for t in clients:
+        t.start()
+
+    def wchan(tid: int) -> str:
+        try:
+            return Path(f"/proc/self/task/{tid}/wchan").read_text()
+        except FileNotFoundError:
+            return "done"  # answered already: a worker woken meanwhile read it (counted below)
+
+    def queued() -> bool:  # every client asleep in the kernel waiting for its answer, or answered
+        return len(tids) == 6 and all(wchan(tid) in ("request_wait_answer", "done") for tid in tids)
+    poll(queued, "six requests queued behind the held one")
+    fs.released.set()
+    held.join(10)
+    for t in clients:
+        t.join(10)
+    assert got == [b"1"] * 6
+    after = s.statistics()
+    assert after["readers_woken"] + after["readers_activated"] > before["readers_woken"] + before["readers_activated"]
 
 
 @pytest.mark.mount
