@@ -39,12 +39,18 @@ class Worker:
         assert not self.t.is_alive()
 
 
-def test_one_reads_and_the_others_park_until_woken_one_at_a_time():
-    r = Readers()
+def one_reading(r: Readers, parked: int) -> tuple[Worker, list[Worker]]:
+    """A worker that reads, then `parked` more, parked behind it."""
     first = Worker(r)
     assert first.reading.wait(5)
-    others = [Worker(r) for _ in range(3)]
-    settle(lambda: r.parked == 3)
+    others = [Worker(r) for _ in range(parked)]
+    settle(lambda: r.parked == parked)
+    return first, others
+
+
+def test_one_reads_and_the_others_park_until_woken_one_at_a_time():
+    r = Readers()
+    first, others = one_reading(r, 3)
     assert not any(w.reading.is_set() for w in others) and r.reading == 1
     r.wake_one()
     settle(lambda: sum(w.reading.is_set() for w in others) == 1)
@@ -66,10 +72,7 @@ def test_one_reads_and_the_others_park_until_woken_one_at_a_time():
 
 def test_activate_lets_every_worker_read_for_the_window_then_they_park_again():
     r = Readers(active_s=0.2)
-    first = Worker(r)
-    assert first.reading.wait(5)
-    parked = [Worker(r) for _ in range(2)]
-    settle(lambda: r.parked == 2)
+    first, parked = one_reading(r, 2)
     r.activate()
     for w in parked:
         assert w.reading.wait(5)
@@ -107,10 +110,7 @@ def test_leave_asks_for_a_backlog_poll_only_while_someone_is_parked_and_not_acti
 
 def test_stop_releases_every_parked_worker_and_ends_parking():
     r = Readers()
-    first = Worker(r)
-    assert first.reading.wait(5)
-    parked = [Worker(r) for _ in range(3)]
-    settle(lambda: r.parked == 3)
+    first, parked = one_reading(r, 3)
     r.stop()
     for w in parked:
         assert w.reading.wait(5)
