@@ -611,7 +611,8 @@ def test_small_files_are_read_through_the_page_cache_and_stay_coherent(d, mnt):
     """Where read-only opens go direct, a file of at most core.CACHED_READ_MAX (8 MiB) is still read
     through the page cache: the kernel's read-ahead brings it in (torch.load's dozen small read()
     calls of a 1.6 MB checkpoint cost one READ instead of twelve here), an unchanged file read
-    again costs no READ (kept cache), and a rewrite through another descriptor is seen by the next open, by read and mmap."""
+    again costs no READ (kept cache), and a rewrite through another descriptor is seen by the next
+    open, by read and mmap."""
     if _reads(mnt) != "direct":
         pytest.skip("read-only opens use the page cache here anyway")
     reads = lambda: _status(mnt)["engine_stats"].get("read", 0)  # noqa: E731

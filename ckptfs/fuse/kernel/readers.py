@@ -5,9 +5,11 @@ workers all waiting in `os.readv`, a client that sends one request at a time
 (a chmod, then a utime; a Lightning or Hugging Face save: open, write,
 close, chmod, one after another) is served by the coldest thread every time:
 on the 2-core VM a chmod of an idle file took 48 us with two workers and 35
-us with one (`--threads 1`), and small-file sequences 10-25% longer. One
-worker reading (the one that just replied, still hot) serves such a client
-as a single-threaded server would, and no worker needs waking per request.
+us with one (`--threads 1`). One worker reading (the one that just replied,
+still hot) serves such a client as a single-threaded server would, and no
+worker needs waking per request; a lone writer's WRITEs then all go to the
+worker that saw the last one, whose lent slots are laid out for its shift
+(docs/ENGINE.md "One reader").
 
 So by default a worker that finds another already reading parks here
 instead of reading (`enter`), and the one reader serves each request itself,
@@ -23,10 +25,11 @@ then reads again. More read when there is concurrency to serve:
 While every worker is active, nothing polls and nothing parks; when the
 window has passed, workers returning from a request park again one by one,
 while the last one reading stays. One writer alone sends its WRITEs one at a
-time (a direct write() waits for each), so it is served by one hot reader. A handler that blocks without `Session.waiting()` holds up the
-requests behind it, as in a single-threaded server. No worker is left
-parked with nobody reading: a spare worker that leaves wakes one (`gone`),
-and a worker that exits (unmount, a failed read) stops all parking (`stop`).
+time (a direct write() waits for each), so it is served by one hot reader.
+A handler that blocks without `Session.waiting()` holds up the requests
+behind it, as in a single-threaded server. No worker is left parked with
+nobody reading: a spare worker that leaves wakes one (`gone`), and a worker
+that exits (unmount, a failed read) stops all parking (`stop`).
 """
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ clone (FUSE_DEV_IOC_CLONE); the kernel hands each request to one reader.
 While requests come one at a time, one worker reads and the others park
 (readers.py); all read once requests queue up or a handler waits.
 A handler about to wait for long (memory, a fetch, durability, another
-request such as an INTERRUPT) must say so with
-``with session.waiting():`` (else the requests behind it wait for it, as in
-a single-threaded server): every worker then reads, and when that leaves no worker reading, a spare
+request such as an INTERRUPT) must say so with ``with session.waiting():``
+(else the requests behind it wait for it, as in a single-threaded server):
+every worker then reads, and when that leaves no worker reading, a spare
 worker starts on a new clone (at most SPARE_WORKERS), so that other requests
 and INTERRUPTs are still read meanwhile; a spare leaves after a request once
 other workers are free again (the handler's optional `worker_exit()` then
