@@ -414,17 +414,15 @@ class Session:
                     payload = self._payload(index, own)
                     n = os.readv(fd, [hdr, *payload])
                 except OSError as e:
-                    self.readers.leave()
                     if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                         continue  # ENOENT: the request was interrupted before we got it
                     if e.errno in (errno.ENODEV, errno.ECONNABORTED):
                         break  # unmounted or aborted
                     log.error("worker %d: read of /dev/fuse failed: %s; stopping", index, e)
                     break
-                except BaseException:
-                    self.readers.leave()
-                    raise
-                if self.readers.leave() and backlog(poller):  # requests are queued behind this one
+                finally:
+                    look = self.readers.leave()  # whatever the read gave: it is over
+                if look and backlog(poller):  # requests are queued behind this one
                     if n >= BULK:
                         self.readers.activate()  # several writers at once: every worker reads
                     else:
