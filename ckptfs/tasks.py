@@ -56,6 +56,8 @@ async def in_threads(calls: list[tuple]) -> list[outcome.Outcome]:
 
 
 HANDOFF_MAX_S = 0.005  # the longest the trio thread lets queued threads go first, per scheduler pass
+QUIET_S = 0.001  # a settling wake-up of the trio thread waits for a pause in requests this long...
+SETTLE_MAX_S = 0.005  # ... but no longer than this after the first call it carries
 
 
 class LoopLock(trio.abc.Instrument):
@@ -81,6 +83,17 @@ class LoopLock(trio.abc.Instrument):
     would take the GIL and run the work they start (a journal commit) while the worker still
     has its reply to write, and the caller would wait for both.
 
+    Settling (`settle = True`, set by a front end whose reading thread calls `due_in()` and
+    `wake_due()`): `kick()` then wakes the trio thread not at once but when requests pause for
+    QUIET_S, or SETTLE_MAX_S after the first call it carries, whichever comes first. The work
+    those calls start (the drain of a closed file, its journal commit) costs the trio thread a
+    few scheduler passes under the GIL; run at once, they land between a client's close and its
+    next requests (a chmod, the next file's create) and hold up each of them: the one worker
+    that reads must get the GIL back from the trio thread before it can read again. Settled,
+    they run once the client pauses, one pass for several files. Whoever waits for the trio
+    thread (a request that blocks, an fsync) wakes it directly, and it then runs the settling
+    calls too (`after_io_wait`).
+
     Fairness: a busy trio thread lets go and takes the lock back at once on every pass, and
     would win every race against a thread woken to take it. So a thread that has to wait
     says so (`_waiting`), and the trio thread, coming out of its I/O wait, lets every such
@@ -104,6 +117,9 @@ class LoopLock(trio.abc.Instrument):
         self._waiting = 0  # other threads blocked on the lock now (GUARDED_BY: _turn)
         self._turn = threading.Condition(threading.Lock())
         self._tls = threading.local()  # .defer: this thread's wake-ups wait for kick(); .kick: one is due
+        self.settle = False  # kick() leaves the wake-up to due_in()/wake_due() (see Settling)
+        self._due: float | None = None  # monotonic time of the first settling kick() not yet woken
+        self.settled = 0  # wake-ups that waited for a pause (wake_due)
 
     # ---- the trio thread -------------------------------------------------------------
     def install(self) -> None:
@@ -127,6 +143,9 @@ class LoopLock(trio.abc.Instrument):
 
     def after_io_wait(self, timeout: float) -> None:
         self.passes += 1
+        if self._due is not None:  # woken for something else: the settling calls come along
+            self._due = None
+            self._token.run_sync_soon(self._run_pending)
         if self._waiting:  # threads queued for the lock go first (a busy trio thread would win every race)
             with self._turn:
                 self._turn.wait_for(lambda: not self._waiting, HANDOFF_MAX_S)
@@ -185,17 +204,48 @@ class LoopLock(trio.abc.Instrument):
         """From now on this thread's `soon` calls wake the trio thread at its next `kick()`."""
         self._tls.defer = True
 
-    def kick(self) -> None:
-        """Wake the trio thread for the calls this thread queued since `defer()` (if any); this
-        thread's later calls wake it at once again."""
+    def kick(self, *, now: bool = False) -> None:
+        """Wake the trio thread for the calls this thread queued since `defer()` (if any): at
+        once, or once requests pause while settling (unless `now`); this thread's later calls
+        wake it at once again."""
         self._tls.defer = False
-        if getattr(self._tls, "kick", False):
-            self._tls.kick = False
-            token = self._token
-            if token is not None:
-                token.run_sync_soon(self._run_pending)
+        queued = getattr(self._tls, "kick", False)
+        self._tls.kick = False
+        if not self.settle:
+            if queued:
+                self._wake()
+            return
+        t = time.monotonic()
+        if queued and self._due is None:
+            self._due = t
+        due = self._due  # (also another thread's: its calls may carry this thread's)
+        if due is not None and (now or t - due >= SETTLE_MAX_S):
+            self._wake()
+
+    def due_in(self) -> float | None:
+        """Settling: seconds a pause in requests must last before `wake_due()`; None: none due."""
+        due = self._due
+        if due is None:
+            return None
+        return max(0.0, min(QUIET_S, due + SETTLE_MAX_S - time.monotonic()))
+
+    def wake_due(self) -> None:
+        """Settling: requests paused (or SETTLE_MAX_S passed): wake the trio thread for the calls."""
+        if self._due is not None:
+            if not self._pending:  # run meanwhile (the trio thread woke for something else)
+                self._due = None
+                return
+            self.settled += 1
+            self._wake()
+
+    def _wake(self) -> None:
+        self._due = None
+        token = self._token
+        if token is not None:
+            token.run_sync_soon(self._run_pending)
 
     def _run_pending(self) -> None:
+        self._due = None
         pending, self._pending = self._pending, []
         self._pending_keys = set()
         for fn, args in pending:
@@ -203,4 +253,5 @@ class LoopLock(trio.abc.Instrument):
 
     def statistics(self) -> dict[str, float]:
         return {"acquired": self.acquired, "waits": self.waits, "wait_s": self.wait_s,
-                "max_wait_s": self.max_wait_s, "trio_passes": self.passes}
+                "max_wait_s": self.max_wait_s, "trio_passes": self.passes,
+                "settled_wakes": self.settled}

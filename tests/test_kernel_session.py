@@ -197,6 +197,53 @@ def test_requests_queued_behind_a_slow_handler_wake_parked_workers(memfs):
     assert after["readers_woken"] + after["readers_activated"] > before["readers_woken"] + before["readers_activated"]
 
 
+class Settle:
+    """A `settle` hook as tasks.LoopLock's: armed by every reply, due after `quiet` seconds without
+    a request."""
+
+    def __init__(self, quiet: float):
+        self.quiet = quiet
+        self.due = False
+        self.wakes = 0
+
+    def arm(self) -> None:
+        self.due = True
+
+    def due_in(self):
+        return self.quiet if self.due else None
+
+    def wake_due(self) -> None:
+        if self.due:
+            self.due = False
+            self.wakes += 1
+
+
+@pytest.mark.mount
+def test_a_wake_up_due_after_replies_waits_for_requests_to_pause(tmp_path):
+    """The session's `settle` hook: before each read the reader waits up to `due_in()` for a
+    request and calls `wake_due()` only if none came (ckptfs: the trio thread's work after a
+    close waits until the client pauses instead of competing with its next requests)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    settle = Settle(quiet=30.0)
+    fs, s = serve(str(mnt), 2, settle=settle, after_reply=settle.arm)
+    try:
+        f = mnt / "f"
+        f.write_bytes(b"x")
+        os.setxattr(f, "user.a", b"1")
+        for _ in range(300):
+            assert os.getxattr(f, "user.a") == b"1"
+        assert settle.wakes == 0 and settle.due  # no pause of 30 s: due all along, never woken
+        settle.quiet = 0.01
+        os.getxattr(f, "user.a")  # the reader polls again, for 10 ms now
+        poll(lambda: settle.wakes == 1, "the wake-up once requests paused")
+        assert not settle.due
+    finally:
+        unmount_quietly(mnt)  # a reader waiting in poll() sees the unmount too
+        assert s.wait(15)
+        s.close()
+
+
 @pytest.mark.mount
 @pytest.mark.skipif(os.geteuid() != 0, reason="raising fs.fuse.max_pages_limit needs root")
 def test_requests_of_four_chunks_scatter_over_four_buffers(tmp_path):

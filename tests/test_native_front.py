@@ -15,7 +15,7 @@ from ckptfs import daemon
 from ckptfs.errors import FsError, UsageError
 from ckptfs.fuse.native import TrioHandler
 from ckptfs.fuse.native_ops import Blocked
-from ckptfs.tasks import LoopLock
+from ckptfs.tasks import QUIET_S, SETTLE_MAX_S, LoopLock
 from ckptfs.fuse.kernel.requests import Fsync, Getattr, Header, Write
 from mounting import poll
 
@@ -103,6 +103,100 @@ def test_a_workers_wake_ups_of_the_trio_thread_wait_for_its_kick():
     trio.run(main)
     assert out["before"] == []
     assert out["ran"] == ["deferred", "at once"]
+
+
+def _settling(worker):
+    """worker(lock, ran) in a thread while trio runs, with a settling LoopLock; (its result, ran
+    once every call it queued has run)."""
+    out = {}
+
+    async def main():
+        lock = LoopLock()
+        lock.install()
+        lock.settle = True
+        ran = []
+        out["result"] = await trio.to_thread.run_sync(worker, lock, ran)
+        with trio.fail_after(5):
+            while lock._pending:
+                await trio.sleep(0.001)
+        out["ran"] = ran
+        lock.uninstall()
+
+    trio.run(main)
+    return out["result"], out["ran"]
+
+
+def _queue(lock: LoopLock, what) -> None:
+    """What a worker's request does: a deferred soon(), then the after_reply kick()."""
+    lock.defer()
+    with lock:
+        lock.soon(what)
+    lock.kick()
+
+
+def test_a_settling_kick_leaves_the_wake_up_to_the_reader_once_requests_pause():
+    """Settling: the kick() after a reply does not wake the trio thread; the session's reader
+    does (`wake_due`) once no request came for `due_in()` seconds (at most QUIET_S)."""
+    def worker(lock, ran):
+        _queue(lock, lambda: ran.append("first"))
+        due = lock.due_in()
+        _queue(lock, lambda: ran.append("second"))  # a later request's calls join the same wake-up
+        time.sleep(0.05)  # the trio thread is free to run them, but nothing woke it
+        before = list(ran)
+        lock.wake_due()
+        return due, before
+
+    (due, before), ran = _settling(worker)
+    assert due is not None and 0 <= due <= QUIET_S
+    assert before == [] and ran == ["first", "second"]
+
+
+def test_a_settling_kick_wakes_at_once_after_settle_max():
+    """Requests that never pause still get the trio thread's work done: a kick SETTLE_MAX_S or
+    more after the first one carried wakes it at once."""
+    def worker(lock, ran):
+        _queue(lock, lambda: ran.append("first"))
+        time.sleep(SETTLE_MAX_S * 2)
+        _queue(lock, lambda: ran.append("second"))
+        deadline = time.monotonic() + 5
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return lock.due_in()
+
+    due, ran = _settling(worker)
+    assert ran == ["first", "second"] and due is None
+
+
+def test_the_trio_thread_woken_for_anything_else_runs_the_settling_calls():
+    """A request that waits for the trio thread (`trio.from_thread`) wakes it; the calls that were
+    settling run in that pass too, so nothing waits on a reader that may be busy."""
+    def worker(lock, ran):
+        _queue(lock, lambda: ran.append("settling"))
+        trio.from_thread.run_sync(lambda: None)
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return lock.due_in()
+
+    due, ran = _settling(worker)
+    assert ran == ["settling"] and due is None
+
+
+def test_a_blocked_request_wakes_the_trio_thread_at_once_while_settling():
+    """A request that must wait (`Blocked`) kicks with now=True: its continuation and the calls
+    queued before it do not wait for a pause."""
+    def worker(lock, ran):
+        lock.defer()
+        with lock:
+            lock.soon(lambda: ran.append("before the wait"))
+        lock.kick(now=True)
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return lock.due_in()
+
+    due, ran = _settling(worker)
+    assert ran == ["before the wait"] and due is None
 
 
 @pytest.mark.parametrize("loop", [False, True])

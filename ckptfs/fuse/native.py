@@ -177,7 +177,7 @@ class TrioHandler:
             finally:
                 self._done(req)  # the next request may go while this one replies, or waits
         except Blocked as b:
-            self.loop.kick()
+            self.loop.kick(now=True)
             return self._on_trio(b.afn, *b.args)
         except FsError:
             raise
@@ -437,7 +437,9 @@ class NativeEngine:
                                max_read=arena.chunk_size * request_chunks(arena.nslots, threads, READ_CHUNKS),
                                write_buffer=self.handler.write_buffer,
                                after_reply=None if loop is None else loop.kick,
-                               on_read=self.handler.on_read)
+                               settle=loop, on_read=self.handler.on_read)
+        if loop is not None:
+            loop.settle = True  # the session's reader wakes the trio thread once requests pause
         self.handler.session = self.session
 
     def start(self) -> None:

@@ -39,7 +39,10 @@ views of the arena or of device buffers, never copied here; a result with a
 `release()` method is released once its reply is written (or dropped), so a
 handler can pin what its views show until then. An `after_reply()` hook runs
 in the worker once a request is over (reply written, results released), e.g.
-to wake other threads only then. os.readv/os.writev release the GIL.
+to wake other threads only then; a `settle` object (`due_in()`, `wake_due()`)
+lets those wake-ups wait for a pause: before each read the reading worker
+polls for up to `due_in()` seconds and calls `wake_due()` if no request came
+(tasks.LoopLock, "Settling"). os.readv/os.writev release the GIL.
 
 The handler is any object with one method per operation, named by
 `Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
@@ -80,6 +83,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import operator
 import os
 import select
@@ -149,7 +153,8 @@ class Session:
                  subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
                  want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
                  raise_max_pages: bool = False, max_read: int | None = None,
-                 write_buffer=None, after_reply=None, on_read=None, use_fusermount: bool | None = None):
+                 write_buffer=None, after_reply=None, on_read=None, settle=None,
+                 use_fusermount: bool | None = None):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
         self.threads = threads or default_threads()
@@ -162,6 +167,7 @@ class Session:
         self.write_buffer = write_buffer
         self.after_reply = after_reply
         self.on_read = on_read
+        self.settle = settle  # .due_in() / .wake_due(): the reader wakes it once requests pause
         self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
@@ -410,6 +416,8 @@ class Session:
         try:
             while True:
                 self.readers.enter(may_park=index < self.threads)
+                if self.settle is not None:
+                    self._settle(poller)
                 try:
                     payload = self._payload(index, own)
                     n = os.readv(fd, [hdr, *payload])
@@ -457,6 +465,13 @@ class Session:
             if fd != self.fd:
                 os.close(fd)
             log.debug("worker %d exits", index)
+
+    def _settle(self, poller) -> None:
+        """Before a read: when `settle` has a wake-up due, wait up to its time for a request,
+        and wake it if none came."""
+        left = self.settle.due_in()
+        if left is not None and not poller.poll(math.ceil(left * 1000)):
+            self.settle.wake_due()
 
     def _parse(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict):
         """The request a read of `n` bytes holds (seen by `on_read`), or None when there is
