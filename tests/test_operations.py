@@ -505,6 +505,28 @@ def test_a_read_only_close_costs_no_flush_and_a_writers_close_still_commits(ckpt
     assert f.read_bytes() == b"y" + b"x" * 4999
 
 
+def test_a_closed_file_is_committed_once_its_writer_pauses_with_no_other_wake_up(ckpt):
+    """Native: a close's drain and commit wait until requests pause (tasks.LoopLock "Settling"),
+    and then the reading worker wakes the trio thread itself: a writer that closes a file and
+    goes idle sends nothing more, and its file must still become durable. The files become
+    durable, and the wake-ups counted as settled (`lock_settled_wakes`) show who woke the trio
+    thread: without the reader's wake-up (Session(settle=None)) it stays 0, the files then made
+    durable only by the next request (here, the next look at their state) or a timer."""
+    if ckpt.engine != "native":
+        pytest.skip("settling is the native engine's")
+    before = status_json(ckpt)["engine_stats"]["lock_settled_wakes"]
+    states = []
+    for i in range(5):
+        f = ckpt.path / f"idle{i}.bin"
+        f.write_bytes(os.urandom(300_000))
+        deadline = time.monotonic() + 30
+        while ckptfs.state(f) not in ("durable", "replicated") and time.monotonic() < deadline:
+            time.sleep(0.2)  # idle: no request until the next look
+        states.append(ckptfs.state(f))
+    assert states == ["durable"] * 5
+    assert status_json(ckpt)["engine_stats"]["lock_settled_wakes"] > before
+
+
 def test_a_forked_childs_close_of_an_inherited_descriptor_commits_nothing(ckpt):
     """A writer that forks half way through a file (a subprocess, a DataLoader worker) gives the
     child a copy of its descriptor; the child's close at exec or exit sends a FLUSH too. Only
