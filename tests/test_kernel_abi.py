@@ -391,6 +391,20 @@ def test_negotiate_takes_only_what_is_offered():
     assert out.congestion_threshold <= out.max_background
 
 
+def test_negotiate_passthrough_only_when_wanted_and_then_with_a_stack_depth():
+    """The kernel turns passthrough on only with max_stack_depth >= 1 (fs/fuse/inode.c), and a
+    stack depth says the backing files may themselves be on a stacked filesystem: asked for
+    when passthrough is, never otherwise."""
+    offered = abi.FUSE_INIT_EXT | abi.FUSE_PASSTHROUGH | abi.FUSE_MAX_PAGES
+    out, neg = negotiate(init_req(offered))
+    assert not neg.has(abi.FUSE_PASSTHROUGH) and out.max_stack_depth == 0
+    out, neg = negotiate(init_req(offered), want=DEFAULT_WANT | abi.FUSE_PASSTHROUGH)
+    assert neg.has(abi.FUSE_PASSTHROUGH) and out.max_stack_depth == 1
+    assert abi.INIT_OUT.unpack(out.pack())[-1] == 1 and abi.INIT_OUT.unpack(out.pack())[-2] & (1 << 5)
+    out, neg = negotiate(init_req(offered & ~abi.FUSE_PASSTHROUGH), want=DEFAULT_WANT | abi.FUSE_PASSTHROUGH)
+    assert not neg.has(abi.FUSE_PASSTHROUGH) and out.max_stack_depth == 0  # not offered: not asked
+
+
 def test_negotiate_request_size():
     base = abi.FUSE_ASYNC_READ | abi.FUSE_INIT_EXT
     out, _ = negotiate(init_req(base | abi.FUSE_MAX_PAGES), max_pages_limit=1024)

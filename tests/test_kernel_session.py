@@ -245,6 +245,38 @@ def test_a_wake_up_due_after_replies_waits_for_requests_to_pause(tmp_path):
 
 
 @pytest.mark.mount
+def test_a_wake_up_due_is_never_left_with_a_worker_that_parks(tmp_path):
+    """With several workers, the one that replied last may find another already waiting in its
+    read and park: it must not take the due wake-up with it (nobody would wake the trio thread
+    until the next request). Every worker waits for the pause itself before it parks or reads.
+    Rounds of four clients at once (every worker reads, then parks again), then nothing: each
+    time the wake-up comes."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    settle = Settle(quiet=0.005)
+    fs, s = serve(str(mnt), 4, settle=settle, after_reply=settle.arm)
+    try:
+        f = mnt / "f"
+        f.write_bytes(b"x")
+        os.setxattr(f, "user.a", b"1")
+
+        def client():
+            for _ in range(30):
+                os.getxattr(f, "user.a")
+        for rnd in range(15):
+            clients = [threading.Thread(target=client) for _ in range(4)]
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join()
+            poll(lambda: not settle.due, f"round {rnd}: the wake-up once requests paused", timeout=5)
+    finally:
+        unmount_quietly(mnt)
+        assert s.wait(15)
+        s.close()
+
+
+@pytest.mark.mount
 @pytest.mark.skipif(os.geteuid() != 0, reason="raising fs.fuse.max_pages_limit needs root")
 def test_requests_of_four_chunks_scatter_over_four_buffers(tmp_path):
     """max_write of 4 chunks (the limit raised to 1025 pages): one 4 MiB request per 4 MiB of a

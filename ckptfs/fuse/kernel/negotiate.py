@@ -27,7 +27,9 @@ What `DEFAULT_WANT` asks for and why:
 
 Not asked for: WRITEBACK_CACHE (the page cache in front halves absorb throughput, see
 the field notes), SPLICE_* (the readv/writev path needs no splice), POSIX_LOCKS/FLOCK
-(the kernel handles locks locally), PASSTHROUGH (needs backing files; not wired yet),
+(the kernel handles locks locally), PASSTHROUGH (needs backing files; ckptfs does not use it:
+see docs/ENGINE.md; a server that asks for it gets max_stack_depth 1, without which the
+kernel ignores the flag, and benchmarks/passthrough.py measures it),
 DIRECT_IO_ALLOW_MMAP (a filesystem's choice: ckptfs's native_ops.WANT adds it), SETXATTR_EXT,
 SECURITY_CTX, CREATE_SUPP_GROUP (request extensions nobody here uses), HAS_RESEND.
 """
@@ -112,5 +114,6 @@ def negotiate(req: Init, *, want: int = DEFAULT_WANT, max_write: int | None = No
     background = max(1, min(max_background, 0xFFFF))
     out = InitOut(major=abi.KERNEL_VERSION, minor=minor, max_readahead=readahead, flags=flags,
                   max_background=background, congestion_threshold=max(1, background * 3 // 4),
-                  max_write=size, time_gran=1, max_pages=pages)
+                  max_write=size, time_gran=1, max_pages=pages,
+                  max_stack_depth=1 if flags & abi.FUSE_PASSTHROUGH else 0)
     return out, Negotiated(abi.KERNEL_VERSION, minor, offered, flags, size, pages, readahead)

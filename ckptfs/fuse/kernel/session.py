@@ -415,9 +415,9 @@ class Session:
         poller.register(fd, select.POLLIN)
         try:
             while True:
-                self.readers.enter(may_park=index < self.threads)
-                if self.settle is not None:
+                if self.settle is not None:  # before parking too: the wake-up is this worker's to give
                     self._settle(poller)
+                self.readers.enter(may_park=index < self.threads)
                 try:
                     payload = self._payload(index, own)
                     n = os.readv(fd, [hdr, *payload])
@@ -457,6 +457,8 @@ class Session:
                     if index >= self.threads:
                         self._spares -= 1
             self._last_payload.pop(index, None)
+            if self.settle is not None:
+                self.settle.wake_due()  # a spare leaving (or the end): no wake-up goes with it
             if left and hasattr(self.handler, "worker_exit"):
                 try:
                     self.handler.worker_exit()
@@ -467,8 +469,10 @@ class Session:
             log.debug("worker %d exits", index)
 
     def _settle(self, poller) -> None:
-        """Before a read: when `settle` has a wake-up due, wait up to its time for a request,
-        and wake it if none came."""
+        """Before a read, or parking: when `settle` has a wake-up due, wait up to its time for a
+        request, and wake it if none came. Every worker does this after its reply, so the
+        wake-up its request made due is never left with a worker that parks while another
+        already waits in its read (which would not look until the next request)."""
         left = self.settle.due_in()
         if left is not None and not poller.poll(math.ceil(left * 1000)):
             self.settle.wake_due()
