@@ -165,7 +165,10 @@ def test_requests_queued_behind_a_slow_handler_wake_parked_workers(memfs):
     f = mnt / "f"
     f.write_bytes(b"x")
     os.setxattr(f, "user.a", b"1")
-    poll(lambda: os.getxattr(f, "user.a") and s.readers.parked == 3, "one worker reading, three parked")
+    # ... and no parked worker let through to read once (`wake_one`'s pass, still counted as parked
+    # until it runs): it would read the queued requests itself while the reader is held
+    poll(lambda: os.getxattr(f, "user.a") and s.readers.parked == 3 and not s.readers._passes,
+         "one worker reading, three parked")
     held = threading.Thread(target=os.getxattr, args=(f, HOLD_XATTR))
     held.start()
     assert fs.holding.wait(10)
