@@ -4,7 +4,8 @@
 # wheels, pyfuse3 built against the carried libfuse3 (if that fails the native engine runs alone),
 # then scale (1..N concurrent torch.save savers, both engines, vs /dev/shm) and restore (1 and 4
 # readers vs ext4 cold), then threadcpu (8 savers: the daemon's CPU by thread, WRITE pieces adopted
-# and copied). Results go to $OUT (or benchmarks/results/node/).
+# and copied) and passthrough (READ replies vs FUSE passthrough, staging into a memfd). Results go
+# to $OUT (or benchmarks/results/node/).
 #
 #   bash benchmarks/node/run.sh [full|quick|setup]       CARRY=benchmarks/node/carry OUT=/somewhere
 set -euo pipefail
@@ -59,4 +60,8 @@ python benchmarks/restore.py --readers 1,4 --engines "$engines" "${restore[@]}" 
 # (docs/ENGINE.md "Not done yet": concurrent writers)
 python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 4 --saves 2 --writers 8 --memory 8G 2>&1 \
     | tee "$out/threadcpu.log" || true
+# FUSE passthrough vs READ replies for data in memory, and the price of staging a file into a memfd
+# (docs/ENGINE.md "Not done yet": passthrough)
+python benchmarks/passthrough.py --size 1G --readers 8 --threads "$cores" --repeats 2 2>&1 \
+    | tee "$out/passthrough.log" || true
 python benchmarks/report.py >/dev/null 2>&1 || true
