@@ -7,6 +7,7 @@ unmount after which every worker exits, and a killed server whose dead mount
 `umount -l` clears. The last tests drive a session over a socket pair
 instead of /dev/fuse, to feed it requests no kernel would send.
 """
+import contextlib
 import errno
 import hashlib
 import mmap
@@ -221,19 +222,31 @@ class Settle:
             self.wakes += 1
 
 
+@contextlib.contextmanager
+def settling(tmp_path, *, threads: int, quiet: float):
+    """A memfs session with a `Settle` hook armed by every reply: (settle, a file `f` with the
+    xattr user.a); unmounted after (a reader waiting in poll() sees the unmount too)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    settle = Settle(quiet=quiet)
+    fs, s = serve(str(mnt), threads, settle=settle, after_reply=settle.arm)
+    try:
+        f = mnt / "f"
+        f.write_bytes(b"x")
+        os.setxattr(f, "user.a", b"1")
+        yield settle, f
+    finally:
+        unmount_quietly(mnt)
+        assert s.wait(15)
+        s.close()
+
+
 @pytest.mark.mount
 def test_a_wake_up_due_after_replies_waits_for_requests_to_pause(tmp_path):
     """The session's `settle` hook: before each read the reader waits up to `due_in()` for a
     request and calls `wake_due()` only if none came (ckptfs: the trio thread's work after a
     close waits until the client pauses instead of competing with its next requests)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    settle = Settle(quiet=30.0)
-    fs, s = serve(str(mnt), 2, settle=settle, after_reply=settle.arm)
-    try:
-        f = mnt / "f"
-        f.write_bytes(b"x")
-        os.setxattr(f, "user.a", b"1")
+    with settling(tmp_path, threads=2, quiet=30.0) as (settle, f):
         for _ in range(300):
             assert os.getxattr(f, "user.a") == b"1"
         assert settle.wakes == 0 and settle.due  # no pause of 30 s: due all along, never woken
@@ -241,10 +254,6 @@ def test_a_wake_up_due_after_replies_waits_for_requests_to_pause(tmp_path):
         os.getxattr(f, "user.a")  # the reader polls again, for 10 ms now
         poll(lambda: settle.wakes == 1, "the wake-up once requests paused")
         assert not settle.due
-    finally:
-        unmount_quietly(mnt)  # a reader waiting in poll() sees the unmount too
-        assert s.wait(15)
-        s.close()
 
 
 @pytest.mark.mount
@@ -254,15 +263,7 @@ def test_a_wake_up_due_is_never_left_with_a_worker_that_parks(tmp_path):
     until the next request). Every worker waits for the pause itself before it parks or reads.
     Rounds of four clients at once (every worker reads, then parks again), then nothing: each
     time the wake-up comes."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    settle = Settle(quiet=0.005)
-    fs, s = serve(str(mnt), 4, settle=settle, after_reply=settle.arm)
-    try:
-        f = mnt / "f"
-        f.write_bytes(b"x")
-        os.setxattr(f, "user.a", b"1")
-
+    with settling(tmp_path, threads=4, quiet=0.005) as (settle, f):
         def client():
             for _ in range(30):
                 os.getxattr(f, "user.a")
@@ -273,10 +274,6 @@ def test_a_wake_up_due_is_never_left_with_a_worker_that_parks(tmp_path):
             for t in clients:
                 t.join()
             poll(lambda: not settle.due, f"round {rnd}: the wake-up once requests paused", timeout=5)
-    finally:
-        unmount_quietly(mnt)
-        assert s.wait(15)
-        s.close()
 
 
 @pytest.mark.mount

@@ -126,6 +126,13 @@ def _settling(worker):
     return out["result"], out["ran"]
 
 
+def _wait_for(pred) -> None:
+    """In the worker thread: until pred() holds (5 s at most; the caller's asserts say what failed)."""
+    deadline = time.monotonic() + 5
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _queue(lock: LoopLock, what) -> None:
     """What a worker's request does: a deferred soon(), then the after_reply kick()."""
     lock.defer()
@@ -158,9 +165,7 @@ def test_a_settling_kick_wakes_at_once_after_settle_max():
         _queue(lock, lambda: ran.append("first"))
         time.sleep(SETTLE_MAX_S * 2)
         _queue(lock, lambda: ran.append("second"))
-        deadline = time.monotonic() + 5
-        while len(ran) < 2 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _wait_for(lambda: len(ran) == 2)
         return lock.due_in()
 
     due, ran = _settling(worker)
@@ -173,9 +178,7 @@ def test_the_trio_thread_woken_for_anything_else_runs_the_settling_calls():
     def worker(lock, ran):
         _queue(lock, lambda: ran.append("settling"))
         trio.from_thread.run_sync(lambda: None)
-        deadline = time.monotonic() + 5
-        while not ran and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _wait_for(lambda: ran)
         return lock.due_in()
 
     due, ran = _settling(worker)
@@ -190,9 +193,7 @@ def test_a_blocked_request_wakes_the_trio_thread_at_once_while_settling():
         with lock:
             lock.soon(lambda: ran.append("before the wait"))
         lock.kick(now=True)
-        deadline = time.monotonic() + 5
-        while not ran and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _wait_for(lambda: ran)
         return lock.due_in()
 
     due, ran = _settling(worker)
