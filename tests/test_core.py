@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ckptfs.fs.arena import Arena
-from ckptfs.fs.core import Filesystem, setid_bits_to_drop
+from ckptfs.fs.core import Durability, Filesystem, setid_bits_to_drop
 from ckptfs.fs.creds import Caller, caller
 from ckptfs.errors import FsError, NoSpace, UsageError
 from ckptfs.fs.filemap import FileData
@@ -898,17 +898,11 @@ def test_fs_setgid_directory_passes_on_its_group(fs):
     fs.release(fh)
 
 
-class Closes:
+class Closes(Durability):
     """A Durability that records the size of each commit point."""
 
     def __init__(self):
         self.sizes = []
-
-    def record(self, op, *args):
-        pass
-
-    def dirtied(self, inode):
-        pass
 
     def closed(self, inode):
         self.sizes.append(inode.size)

@@ -7,6 +7,7 @@ voided atomically with what voided them, and past max_lag nothing pending can be
 or chained any more.
 """
 import random
+from collections import deque
 
 from hypothesis import given, settings, strategies as st
 
@@ -61,6 +62,51 @@ def close(log, ino, nchunks=1, drained=False):
         for c in chunks.values():
             c.drain()
     return chunks, log.close(ino, 100, 1, 1, chunks)
+
+
+class Counting(deque):
+    """A deque that counts how often it is iterated."""
+    iterations = 0
+
+    def __iter__(self):
+        self.iterations += 1
+        return super().__iter__()
+
+
+def test_a_close_looks_at_its_own_files_records_not_every_pending_one():
+    """The log keeps each file's pending commits: a close (or a state query) looks at that file's
+    records only. A scan of every pending record made saving N small files cost O(N^2) under the
+    loop lock while the drain was held back (16,000 closes: 8.4 s; now 0.03 s)."""
+    log, clock, names = new_log()
+    for ino in range(100, 2100):
+        close(log, ino)
+    log.pending = Counting(log.pending)
+    close(log, 5000)
+    assert [p.ino for p in log.content_of(5000)] == [5000] and log.pending.iterations == 0
+    assert log.is_made_pending(5000) is False and len(log.content_pending()) == 2001
+    old = log.content_of(150)[0]
+    close(log, 150)  # supersedes 150's older commit: voided, grouped up to the new one
+    assert old.void and [p.index for p in log.content_of(150)] == [log.last_index()]
+    assert old.group_end == log.last_index() and log.pending.iterations == 0  # (the group: marked once)
+    log.check_invariants()
+
+
+def test_told_which_file_lost_its_last_name_a_delete_looks_at_that_file_only():
+    """The store reports each file that loses its last name (`unnamed`, before the record of the
+    unlink, rmdir or rename that did it): the delete voids that file's pending commit and asks
+    about no other file (it used to ask about every one with a pending commit)."""
+    asked, names = [], {}
+    log = CommitLog(max_lag=2.0, alive=lambda ino: asked.append(ino) or names.get(ino, True), told_unnamed=True)
+    for ino in range(100, 1100):
+        close(log, ino)
+    names[150] = False
+    log.unnamed(150)
+    log.record(Unlink(1, b"f150", 0))
+    assert asked == [150]
+    assert log.content_of(150) == [] and len(log.content_pending()) == 999
+    log.record(Unlink(1, b"other", 0))  # nothing reported: nothing voided, nobody asked
+    assert asked == [150] and len(log.content_pending()) == 999
+    log.check_invariants()
 
 
 def test_a_file_appears_at_its_first_close_with_its_contents():

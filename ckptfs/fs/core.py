@@ -95,6 +95,9 @@ class Durability:
     def closed(self, inode: Inode) -> None:
         pass
 
+    def unnamed(self, inode: Inode) -> None:
+        """`inode` (a file) lost its last name; `record` hears the mutation that did it next."""
+
     def usage(self) -> tuple[int, int] | None:
         """(capacity, used) bytes of the devices, or None when data lives only in memory."""
         return None
@@ -141,6 +144,7 @@ class Filesystem:
         self.ns.on_drop = self._on_drop
         self.ns.on_orphan = self._on_orphan
         self.ns.observer = self.durability.record
+        self.ns.on_unnamed = self.durability.unnamed
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._cached_version: dict[int, int] = {}  # ino -> data version the page cache holds

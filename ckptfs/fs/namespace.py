@@ -134,6 +134,7 @@ class Namespace:
         self.clock = clock
         self.on_drop = on_drop or (lambda inode: None)
         self.on_orphan = on_orphan  # no name and no open handle: its data can go now
+        self.on_unnamed: Callable[[Inode], None] | None = None  # a file lost its last name (before its record)
         self.observer = observer
         self.inodes: dict[int, Inode] = {}
         self.next_ino = ROOT_INO + 1
@@ -256,6 +257,8 @@ class Namespace:
             inode.nlink -= 1
         inode.ctime_ns = now
         self._touch(pdir, now)
+        if not inode.nlink and not inode.is_dir and self.on_unnamed is not None:
+            self.on_unnamed(inode)
         self.maybe_drop(inode)
 
     def unlink(self, parent: int, name: bytes, *, now: int | None = None) -> Inode:

@@ -4,6 +4,8 @@
 it; it does no I/O and knows nothing of trio. The store feeds it events and
 acts on what it returns:
 
+    unnamed(ino)         a file just lost its last name (before the record
+                         of the unlink, rmdir or rename that did it)
     record(rec)          a namespace mutation (typed record) happened
     close(ino, ...)      a changed file was closed or fsynced: a `content`
                          record capturing its chunks (the store pins them)
@@ -32,13 +34,20 @@ the store unpins. Rules, in order of the design:
   (`void_floor`): voids can no longer chain groups onto it nor supersede it,
   so that prefix commits as soon as it drains.
 
+Per file, the log also keeps its pending (not voided) `content` records and
+how many of its `make` records are pending, so a close, a delete or a state
+query looks at that file's records, not at every pending one: with the
+drain held back while a checkpoint of many small files streams in, the log
+holds thousands of records, and a scan per close made saving N files cost
+O(N^2) under the loop lock (16,000 closes: 8.4 s).
+
 INVARIANT: `pending` is in index order, indexes consecutive from
 `committed + 1`; `in_flight` and `void_floor` only grow; a void record holds
-no chunks. `check_invariants()` checks them.
+no chunks; the per-file index holds exactly the pending non-void content
+records and make records. `check_invariants()` checks them.
 """
 from __future__ import annotations
 
-import itertools
 import stat
 import time
 from collections import deque
@@ -61,7 +70,7 @@ class Pending:
     ctime: int = 0
     chunks: dict = field(default_factory=dict)  # chunk index -> Chunk (pinned), content records only
     void: bool = False
-    group_end: int = -1  # this record and all up to group_end go in one frame
+    group_end: int = -1  # this record and all up to group_end go in one frame (with those after it)
     born: float = 0.0  # when it was appended (the log's clock)
 
     @property
@@ -82,9 +91,14 @@ class Pending:
 
 
 class CommitLog:
-    def __init__(self, *, max_lag: float, alive: Callable[[int], bool], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, max_lag: float, alive: Callable[[int], bool], clock: Callable[[], float] = time.monotonic,
+                 told_unnamed: bool = False):
         self.max_lag = max_lag
         self.alive = alive  # does inode `ino` still have a name? (the live namespace knows)
+        # told_unnamed: the caller reports each file that loses its last name (`unnamed`), so a
+        # delete looks at those files only; otherwise at every file with a pending commit
+        self.told_unnamed = told_unnamed
+        self._unnamed: list[int] = []  # reported since the last record
         self.clock = clock
         self.pending: deque[Pending] = deque()
         self.next_index = 0
@@ -93,13 +107,20 @@ class CommitLog:
         self.void_floor = -1  # records up to here were overdue (max_lag): no longer voidable
         self.deferred: dict[int, tuple[int, bytes, tuple]] = {}  # ino -> (parent, name, its make record)
         self.records_voided = 0
+        self._content: dict[int, list[Pending]] = {}  # ino -> its pending non-void content records, oldest first
+        self._made: dict[int, int] = {}  # ino -> how many of its make records are pending
         # (blocker, records_voided, committed) when take_batch last found nothing: the record it
         # stopped at, not ready. Until that changes nothing can go, and the scan is skipped.
         self._stalled: tuple | None = None
 
     # ---- events ----------------------------------------------------------------
+    def unnamed(self, ino: int) -> None:
+        """`ino` lost its last name; the record of the mutation that did it comes next."""
+        self._unnamed.append(ino)
+
     def record(self, rec: tuple) -> list:
         """A namespace mutation; returns the chunks of commits it voided (to unpin)."""
+        unnamed, self._unnamed = self._unnamed, []
         if rec.op == "make" and stat.S_ISREG(rec.mode):
             # a new file becomes part of the journal at its first close or fsync (a file
             # never closed is absent after a crash), or as soon as a later record needs it
@@ -111,9 +132,9 @@ class CommitLog:
         p = self._append(Pending(self.next_index, rec=rec))
         freed: list = []
         if rec.op in ("unlink", "rename", "rmdir"):
-            for q in self.pending:
-                if q.is_content and self._voidable(q) and not self.alive(q.ino):
-                    freed += self._void(q, p.index)
+            for ino in dict.fromkeys(unnamed if self.told_unnamed else list(self._content)):
+                if ino in self._content and not self.alive(ino):
+                    freed += self._void_older(ino, p)
         return freed
 
     def close(self, ino: int, size: int, mtime: int, ctime: int, chunks: dict) -> list:
@@ -124,11 +145,7 @@ class CommitLog:
         p = self._append(Pending(self.next_index, ino=ino, size=size, mtime=mtime, ctime=ctime, chunks=chunks))
         if made is not None:
             made.group_end = p.index  # the file appears with its contents, never empty
-        freed: list = []
-        for q in self.pending:
-            if q is not p and q.is_content and q.ino == ino and self._voidable(q):
-                freed += self._void(q, p.index)
-        return freed
+        return self._void_older(ino, p)
 
     def flush_deferred(self, ino: int) -> Pending | None:
         """Journal `ino`'s deferred create now (its first close, or an fsync)."""
@@ -172,6 +189,7 @@ class CommitLog:
         for _ in batch:
             p = self.pending.popleft()
             freed += p.chunks.values()
+            self._unindex(p)
         self.committed = batch[-1].index
         return freed
 
@@ -192,15 +210,18 @@ class CommitLog:
 
     def content_pending(self) -> dict[int, list[Pending]]:
         """ino -> its pending (not voided) content records, oldest first."""
-        out: dict[int, list[Pending]] = {}
-        for p in self.pending:
-            if p.is_content and not p.void:
-                out.setdefault(p.ino, []).append(p)
-        return out
+        return {ino: list(ps) for ino, ps in self._content.items()}
+
+    def content_of(self, ino: int) -> list[Pending]:
+        """`ino`'s pending (not voided) content records, oldest first."""
+        return list(self._content.get(ino, ()))
 
     def made_pending(self) -> set[int]:
         """Inodes whose create is journaled but not yet on the devices."""
-        return {p.rec.ino for p in self.pending if p.rec is not None and p.rec.op == "make"}
+        return set(self._made)
+
+    def is_made_pending(self, ino: int) -> bool:
+        return ino in self._made
 
     def last_index(self) -> int:
         return self.next_index - 1
@@ -210,13 +231,50 @@ class CommitLog:
         assert idx == list(range(self.committed + 1, self.next_index)), "pending records out of order"
         assert all(not p.chunks for p in self.pending if p.void), "a voided record still holds chunks"
         assert self.in_flight <= self.next_index - 1 and self.void_floor <= self.next_index - 1
+        content: dict[int, list[Pending]] = {}
+        made: dict[int, int] = {}
+        for p in self.pending:
+            if p.is_content and not p.void:
+                content.setdefault(p.ino, []).append(p)
+            elif not p.is_content and p.rec.op == "make":
+                made[p.rec.ino] = made.get(p.rec.ino, 0) + 1
+        assert content == self._content and made == self._made, "the per-file index disagrees with pending"
 
     # ---- internals ---------------------------------------------------------------
     def _append(self, p: Pending) -> Pending:
         p.born = self.clock()
         self.pending.append(p)
         self.next_index += 1
+        if p.is_content:
+            self._content.setdefault(p.ino, []).append(p)
+        elif p.rec.op == "make":
+            self._made[p.rec.ino] = self._made.get(p.rec.ino, 0) + 1
         return p
+
+    def _unindex(self, p: Pending) -> None:
+        """`p` left pending (committed) or became void: out of the per-file index."""
+        if p.is_content:
+            ps = self._content.get(p.ino, [])
+            for i, q in enumerate(ps):  # (by identity; the oldest first when committed)
+                if q is p:
+                    del ps[i]
+                    if not ps:
+                        del self._content[p.ino]
+                    break
+        elif p.rec.op == "make":
+            left = self._made[p.rec.ino] - 1
+            if left:
+                self._made[p.rec.ino] = left
+            else:
+                del self._made[p.rec.ino]
+
+    def _void_older(self, ino: int, p: Pending) -> list:
+        """Void `ino`'s voidable pending content records other than `p`, grouped up to `p`."""
+        freed: list = []
+        for q in list(self._content.get(ino, ())):
+            if q is not p and self._voidable(q):
+                freed += self._void(q, p.index)
+        return freed
 
     def _freeze_if_overdue(self) -> None:
         """Past max_lag, everything pending now must commit as it is: no more voiding of it."""
@@ -228,12 +286,14 @@ class CommitLog:
 
     def _void(self, q: Pending, until: int) -> list:
         self.records_voided += 1
+        self._unindex(q)
         q.void = True
         freed = list(q.chunks.values())
         q.chunks = {}
-        first = self.pending[0].index  # pending holds consecutive indexes, in order
-        for r in itertools.islice(self.pending, q.index - first, until - first + 1):
-            r.group_end = max(r.group_end, until)
+        # q .. until form one group. Marking q alone is enough: a voidable q is not in flight, so
+        # every batch from now on starts at or before it, and `take_batch` carries the largest
+        # group_end it has passed (marking every record in between made N deletes cost O(N^2))
+        q.group_end = max(q.group_end, until)
         return freed
 
     def _deferred_named(self, parent: int, name: bytes) -> int | None:

@@ -166,7 +166,7 @@ class Store:
         self.loop = LoopLock()  # shared with the native engine's workers (see the docstring)
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
-        self.log = CommitLog(max_lag=max_lag, alive=self._alive)
+        self.log = CommitLog(max_lag=max_lag, alive=self._alive, told_unnamed=True)
         self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
         self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
         self.reservation = Reservation(self.alloc, self.undrained, self._undrained_chunks)
@@ -382,6 +382,9 @@ class Store:
         self._unpin(self.log.record(rec))
         self.committer.wake()
 
+    def unnamed(self, inode: Inode) -> None:
+        self.log.unnamed(inode.ino)
+
     def dirtied(self, inode: Inode) -> None:
         self.dirty_inodes.add(inode.ino)
         self.drainer.note_write()
@@ -519,7 +522,9 @@ class Store:
     def state(self, ino: int) -> str:
         """memory (changed since its last commit, or never closed), draining (committed by a
         close or fsync, on its way to the devices), durable, or failed:ERRNO."""
-        st = self._file_state(ino, self.log.content_pending(), self.log.made_pending())
+        pending = self.log.content_of(ino)  # (this file's records only: the log may hold thousands)
+        st = self._file_state(ino, {ino: pending} if pending else {},
+                              {ino} if self.log.is_made_pending(ino) else set())
         return DURABLE if st is None else st.xattr
 
     def _file_state(self, ino: int, content: dict, made: set) -> FileState | None:
