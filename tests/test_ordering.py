@@ -96,7 +96,7 @@ def test_told_which_file_lost_its_last_name_a_delete_looks_at_that_file_only():
     unlink, rmdir or rename that did it): the delete voids that file's pending commit and asks
     about no other file (it used to ask about every one with a pending commit)."""
     asked, names = [], {}
-    log = CommitLog(max_lag=2.0, alive=lambda ino: asked.append(ino) or names.get(ino, True), told_unnamed=True)
+    log = CommitLog(max_lag=2.0, alive=lambda ino: asked.append(ino) or names.get(ino, True))
     for ino in range(100, 1100):
         close(log, ino)
     names[150] = False
@@ -168,6 +168,7 @@ def test_deleting_a_file_voids_its_pending_commit_with_the_delete():
     log.record(Make(ROOT, b"f", REG, 0, 0, 0, b"", 2, 1))
     chunks, _ = close(log, 2, nchunks=3)
     names[2] = False  # the live namespace: no name left
+    log.unnamed(2)  # (as the namespace reports it)
     freed = log.record(Unlink(ROOT, b"f", 5))
     assert len(freed) == 3 and log.records_voided == 1
     batch = commit(log)
@@ -251,10 +252,12 @@ def test_batches_are_prefixes_that_never_split_a_group(events):
         elif kind == "rename" and k in files and (k + 1) % 4 in files and k != (k + 1) % 4:
             dst = (k + 1) % 4
             names[files[dst]] = False
+            log.unnamed(files[dst])
             log.record(Rename(ROOT, b"f%d" % k, ROOT, b"f%d" % dst, 0, 0))
             files[dst] = files.pop(k)
         elif kind == "unlink" and k in files:
             names[files[k]] = False
+            log.unnamed(files[k])
             log.record(Unlink(ROOT, b"f%d" % k, 0))
             del files[k]
         elif kind == "drain" and chunks:

@@ -91,14 +91,10 @@ class Pending:
 
 
 class CommitLog:
-    def __init__(self, *, max_lag: float, alive: Callable[[int], bool], clock: Callable[[], float] = time.monotonic,
-                 told_unnamed: bool = False):
+    def __init__(self, *, max_lag: float, alive: Callable[[int], bool], clock: Callable[[], float] = time.monotonic):
         self.max_lag = max_lag
         self.alive = alive  # does inode `ino` still have a name? (the live namespace knows)
-        # told_unnamed: the caller reports each file that loses its last name (`unnamed`), so a
-        # delete looks at those files only; otherwise at every file with a pending commit
-        self.told_unnamed = told_unnamed
-        self._unnamed: list[int] = []  # reported since the last record
+        self._unnamed: list[int] = []  # files that lost their last name since the last record (`unnamed`)
         self.clock = clock
         self.pending: deque[Pending] = deque()
         self.next_index = 0
@@ -132,7 +128,7 @@ class CommitLog:
         p = self._append(Pending(self.next_index, rec=rec))
         freed: list = []
         if rec.op in ("unlink", "rename", "rmdir"):
-            for ino in dict.fromkeys(unnamed if self.told_unnamed else list(self._content)):
+            for ino in dict.fromkeys(unnamed):  # (a delete looks at the files it unnamed, no others)
                 if ino in self._content and not self.alive(ino):
                     freed += self._void_older(ino, p)
         return freed

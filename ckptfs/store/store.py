@@ -166,7 +166,7 @@ class Store:
         self.loop = LoopLock()  # shared with the native engine's workers (see the docstring)
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
-        self.log = CommitLog(max_lag=max_lag, alive=self._alive, told_unnamed=True)
+        self.log = CommitLog(max_lag=max_lag, alive=self._alive)
         self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
         self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
         self.reservation = Reservation(self.alloc, self.undrained, self._undrained_chunks)

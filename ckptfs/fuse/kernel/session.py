@@ -40,9 +40,9 @@ views of the arena or of device buffers, never copied here; a result with a
 handler can pin what its views show until then. An `after_reply()` hook runs
 in the worker once a request is over (reply written, results released), e.g.
 to wake other threads only then; a `settle` object (`due_in()`, `wake_due()`)
-lets those wake-ups wait for a pause: before each read the reading worker
-polls for up to `due_in()` seconds and calls `wake_due()` if no request came
-(tasks.LoopLock, "Settling"). os.readv/os.writev release the GIL.
+lets those wake-ups wait for a pause: after each request, before it parks
+or reads again, a worker polls for up to `due_in()` seconds and calls
+`wake_due()` if no request came (tasks.LoopLock, "Settling"). os.readv/os.writev release the GIL.
 
 The handler is any object with one method per operation, named by
 `Request.method` (``lookup``, ``getattr``, ``write``, ``readdir``, ...), each
@@ -167,7 +167,7 @@ class Session:
         self.write_buffer = write_buffer
         self.after_reply = after_reply
         self.on_read = on_read
-        self.settle = settle  # .due_in() / .wake_due(): the reader wakes it once requests pause
+        self.settle = settle  # .due_in() / .wake_due(): a worker wakes it once requests pause
         self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
