@@ -191,8 +191,8 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     except BaseException:
         store.close()
         raise
-    backend = Backend(fetch=store.fetch, room=monitor.room, sync=store.sync, absorbed=store.absorbed,
-                      virtual_xattrs=xattrs)
+    backend = Backend(fetch=store.fetch, let_go=store.let_go, room=monitor.room, sync=store.sync,
+                      absorbed=store.absorbed, virtual_xattrs=xattrs)
     if restorer is not None:
         backend.restore = restorer.demand
     return Mount(fs, store, monitor, AsyncFilesystem(fs, backend), restorer, replicator)

@@ -648,7 +648,7 @@ def test_facade_a_copy_from_evicted_chunks_fetches_those_ahead_once_then_copies(
         chunk.slot = None
     fetched = []
 
-    async def fetch(chunks):
+    async def fetch(chunks, held):
         fetched.append([c.idx for c in chunks])
         for c in chunks:
             c.slot = a.alloc_nowait()

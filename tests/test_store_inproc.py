@@ -492,3 +492,42 @@ def test_a_truncate_inside_a_chunk_on_the_devices_writes_nothing():
     assert PathOps(d2).read_file("/f") == data[:2 * cs + 40000]
     d2.unmount()
     assert fsck(image_all(devs)) == []
+
+
+def test_a_read_of_more_chunks_than_memory_frees_waits_for_room_instead_of_fetching_in_circles():
+    """A read needs two evicted chunks; memory has one slot to spare (the others are lent to the
+    FUSE workers as receive buffers). Each chunk fetched stays in memory until the read is
+    served: without that, fetching the second evicted the first, the retry fetched the first
+    again, evicting the second, and so on, reading the devices without end (found as a native
+    mount spinning at 70% CPU with a READ that never returned, tight-memory model test)."""
+    import os as _os
+    from inproc import CTX
+    cs = 64 << 10
+    devs, d, p = fresh(memory=4 * cs)  # 4 slots
+    data = random.randbytes(10 * cs)
+    p.write_file("/big", data, fsync=True)  # on the devices; all but the last chunks evicted
+    lent = [d.call_sync(d.afs.lend_slot, 0) for _ in range(3)]  # one clean chunk left in memory
+    assert None not in lent and d.call_sync(lambda: d.store.arena.free_slots) == 0
+    rfh = p._call("open", p.ino("/big"), _os.O_RDONLY, CTX).fh
+
+    def reads() -> int:
+        return sum(s.reads for s in d.store.stats)
+    before = d.call_sync(reads)
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(got=bytes(p._call("read", rfh, 0, 2 * cs))))
+    reader.start()
+    try:
+        time.sleep(0.1)
+        d.call_sync(d.store.wake)  # something else moved (a commit, a release): waiters look again
+        time.sleep(0.4)
+        assert reader.is_alive(), "the read found room it should not have had"
+        fetched = d.call_sync(reads) - before
+        assert fetched <= 3, f"{fetched} chunk reads in 0.5 s for a read of two chunks"
+    finally:
+        for slot in lent:  # the workers give their buffers back: room comes
+            d.call_sync(d.afs.unlend_slot, slot)
+        d.call_sync(d.store.wake)
+        reader.join(30)
+    assert out.get("got") == data[:2 * cs]
+    p._call("release", rfh)
+    d.kill()

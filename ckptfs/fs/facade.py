@@ -5,7 +5,8 @@ device raises `NeedsFetch`, a write that finds memory full raises `NoSpace`.
 This facade holds the protocol around that, so that a front end (pyfuse3
 today, a native engine later) is a thin 1:1 translation of requests:
 
-- NeedsFetch: load the chunks (`Backend.fetch`), then retry; its kind
+- NeedsFetch: load the chunks (`Backend.fetch`), held in memory until the
+  retry is over (`Backend.let_go`), then retry; its kind
   NeedsRestore (a file still being restored from an object store):
   `Backend.restore` fetches those chunks with priority, then retry;
 - NoSpace: wait for room (`Backend.room`: backpressure while the drain frees
@@ -47,7 +48,7 @@ from .remote import NeedsRestore
 VIRTUAL_PREFIX = b"user.ckptfs."
 
 
-async def _no_fetch(chunks) -> None:
+async def _no_fetch(chunks, held) -> None:
     raise NotInMemory("data is not in memory and there is no device store")
 
 
@@ -62,7 +63,11 @@ async def _no_room(devices_full: bool = False) -> bool:
 @dataclass
 class Backend:
     """What the facade asks of the store (defaults: a memory-only mount)."""
-    fetch: Callable[[list], Awaitable[None]] = _no_fetch
+    # fetch(chunks, held): load them, each also held in memory (out of reach of eviction) and
+    # appended to `held` until let_go(held): a retry that needs several chunks where memory has
+    # room for fewer at a time would otherwise evict the first loaded to load the next, forever
+    fetch: Callable[[list, list], Awaitable[None]] = _no_fetch
+    let_go: Callable[[list], None] = lambda held: None
     restore: Callable[[NeedsRestore], Awaitable[None]] = _no_restore  # chunks not restored yet
     room: Callable[[bool], Awaitable[bool]] = _no_room  # wait for memory; False: it will not come
     sync: Callable[[int | None], Awaitable[None]] | None = None  # fsync(ino) / syncfs (None)
@@ -78,17 +83,23 @@ class AsyncFilesystem:
     async def _fetching(self, fn, *args, **kw):
         """fn(*args) retried after loading what it needs from the devices, or after waiting for
         memory (a truncate or a punched hole that must copy a chunk a commit holds); `fn` must
-        be safe to call again after any of those. NoSpace when room never comes."""
-        while True:
-            try:
-                return fn(*args, **kw)
-            except NeedsRestore as e:
-                await self.backend.restore(e)
-            except NeedsFetch as e:
-                await self.backend.fetch(e.chunks)
-            except NoSpace as e:
-                if not await self.backend.room(isinstance(e, DevicesFull)):
-                    raise
+        be safe to call again after any of those. NoSpace when room never comes. The chunks
+        fetched stay held in memory until fn is done with them (Backend.fetch)."""
+        held: list = []
+        try:
+            while True:
+                try:
+                    return fn(*args, **kw)
+                except NeedsRestore as e:
+                    await self.backend.restore(e)
+                except NeedsFetch as e:
+                    await self.backend.fetch(e.chunks, held)
+                except NoSpace as e:
+                    if not await self.backend.room(isinstance(e, DevicesFull)):
+                        raise
+        finally:
+            if held:
+                self.backend.let_go(held)
 
     def blocks(self, inode: Inode) -> int:
         """st_blocks: the 512-byte blocks the file holds."""
@@ -243,6 +254,7 @@ class AsyncFilesystem:
         clears set-user-ID bits; False: it holds it); None: the opener decides (core.write)."""
         done = 0
         view = memoryview(buf)
+        held: list = []
         try:
             while True:
                 try:
@@ -252,13 +264,15 @@ class AsyncFilesystem:
                 except NeedsRestore as e:
                     await self.backend.restore(e)
                 except NeedsFetch as e:
-                    await self.backend.fetch(e.chunks)
+                    await self.backend.fetch(e.chunks, held)
                 except NoSpace as e:
                     if not await self.backend.room(isinstance(e, DevicesFull)):
                         if done:
                             return done
                         raise
         finally:
+            if held:
+                self.backend.let_go(held)
             self.backend.absorbed(done)
 
     def fallocate_nowait(self, fh: int, off: int, length: int, mode: int) -> None:

@@ -76,6 +76,7 @@ class DrainHost(Protocol):
     def drained(self, chunk: Chunk, extent: Extent) -> None: ...  # a chunk's copy is on a device
     def wrote(self, dev: int) -> None: ...  # data written to dev, not yet flushed
     def cached(self, chunk: Chunk) -> None: ...  # a fetched chunk holds a slot again
+    def hold(self, chunk: Chunk, held: list) -> None: ...  # keep a fetched chunk from eviction (fetch)
     def evictable(self) -> int: ...  # slots held by chunks already on a device
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None: ...
     def wake(self) -> None: ...  # progress: waiters may look again
@@ -353,9 +354,17 @@ class Drainer:
                 self.queue(chunk)
 
     # ---- fetches -------------------------------------------------------------------
-    async def fetch(self, chunks: list[Chunk]) -> None:
-        """Load evicted chunks back into the arena, in parallel across devices."""
-        await gather([(self._fetch_one, c) for c in chunks])
+    async def fetch(self, chunks: list[Chunk], held: list | None = None) -> None:
+        """Load evicted chunks back into the arena, in parallel across devices; with `held`, each
+        is held there as soon as it is loaded (`host.hold`), before the next can evict it."""
+        if held is None:
+            await gather([(self._fetch_one, c) for c in chunks])
+        else:
+            await gather([(self._fetch_held, c, held) for c in chunks])
+
+    async def _fetch_held(self, chunk: Chunk, held: list) -> None:
+        await self._fetch_one(chunk)
+        self.host.hold(chunk, held)  # no checkpoint since it was placed: nothing evicted it meanwhile
 
     def read_ahead(self, data, idx: int) -> None:
         """Sequential reads: keep the next READAHEAD chunks loading, in parallel across devices.

@@ -479,8 +479,20 @@ class Store:
             nursery.start_soon(self.committer.run)
             task_status.started()
 
-    async def fetch(self, chunks: list[Chunk]) -> None:
-        await self.drainer.fetch(chunks)
+    async def fetch(self, chunks: list[Chunk], held: list | None = None) -> None:
+        """Load evicted chunks back; with `held`, each one loaded is also held in memory and
+        appended to it, until `let_go(held)` (facade.Backend.fetch says why)."""
+        await self.drainer.fetch(chunks, held)
+
+    def hold(self, chunk: Chunk, held: list) -> None:
+        """Keep `chunk`'s slot from eviction (as a reply showing it would) until `let_go`."""
+        if chunk.slot is not None and chunk.live:
+            chunk.readers += 1
+            self.lru.pop(id(chunk), None)
+            held.append(chunk)
+
+    def let_go(self, held: list) -> None:
+        self.read_done(held)
 
     async def compact(self) -> None:
         await self.committer.compact()
