@@ -164,18 +164,23 @@ class TrioHandler:
     def _serve(self, op, req, *args, after=None):
         """op(req, *args) under the loop lock, in the kernel's order (then `after()`, still under
         it); its continuation on the trio thread if it must wait."""
-        self.loop.defer()  # wake the trio thread once the reply is out (the session's after_reply)
+        loop = self.loop
+        loop.defer()  # wake the trio thread once the reply is out (the session's after_reply)
+        order = None if self.session is None else self.session.order
+        unique = req.header.unique
         try:
-            self._turn(req)
+            if order is not None:
+                order.turn(unique)
             try:
-                with self.loop:
+                with loop:
                     try:
                         return op(req, *args)
                     finally:
                         if after is not None:
                             after()
             finally:
-                self._done(req)  # the next request may go while this one replies, or waits
+                if order is not None:
+                    order.done(unique)  # the next request may go while this one replies, or waits
         except Blocked as b:
             self.loop.kick(now=True)
             return self._on_trio(b.afn, *b.args)

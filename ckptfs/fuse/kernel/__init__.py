@@ -1,7 +1,7 @@
 """A native FUSE engine: the kernel protocol spoken directly over /dev/fuse.
 
     abi.py        opcodes, flags, struct layouts of include/uapi/linux/fuse.h (pure)
-    requests.py   the typed requests, one frozen dataclass per opcode (pure)
+    requests.py   the typed requests, one dataclass per opcode (pure)
     parse.py      bytes -> typed requests; RequestDecoder for byte streams (pure)
     replies.py    typed replies and their encoding; dirent packing (pure)
     negotiate.py  the INIT answer: flags, max_write / max_pages (pure)

@@ -38,21 +38,27 @@ MAX_GAPS = 64  # more gaps than this: the numbering is not what we expect; stop 
 class KernelOrder:
     def __init__(self, gap_s: float = GAP_S):
         self.gap_s = gap_s
-        self._cond = threading.Condition(threading.Lock())
+        # held as `_lock` (a C-level enter; the Condition's own is Python), waited on as `_cond`
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._next: int | None = None  # the number whose turn it is (None: no order yet)
-        self._ahead: set[int] = set()  # done before their turn  GUARDED_BY: _cond
+        self._waiters = 0  # turns waiting in _cond  GUARDED_BY: _lock
+        self._ahead: set[int] = set()  # done before their turn  GUARDED_BY: _lock
         self.gaps = 0  # numbers given up on
 
     def start(self, after: int) -> None:
         """Requests follow `after` (the INIT's number)."""
-        with self._cond:
+        with self._lock:
             self._next = after + REQ_ID_STEP
 
     def turn(self, unique: int) -> None:
         """Return once every request numbered before `unique` is done (or given up on)."""
         if unique & abi.FUSE_INT_REQ_BIT:
             return
-        with self._cond:
+        nxt = self._next  # only grows (or stops: None), so a turn seen here is not taken back
+        if nxt is None or unique <= nxt:
+            return
+        with self._lock:
             deadline = None
             while self._next is not None and unique > self._next:
                 now = time.monotonic()
@@ -67,19 +73,27 @@ class KernelOrder:
                                     "the kernel's order across threads", self.gaps)
                         self._next = None
                     break
-                self._cond.wait(deadline - now)
+                self._waiters += 1
+                try:
+                    self._cond.wait(deadline - now)
+                finally:
+                    self._waiters -= 1
 
     def done(self, unique: int) -> None:
         """`unique` had its turn; idempotent."""
         if unique & abi.FUSE_INT_REQ_BIT:
             return
-        with self._cond:
+        nxt = self._next
+        if nxt is None or unique < nxt:  # done already (the session says done after every request)
+            return
+        with self._lock:
             if self._next is None or unique < self._next:
                 return
             if unique == self._next:
                 self._next += REQ_ID_STEP
                 self._advance()
-                self._cond.notify_all()
+                if self._waiters:
+                    self._cond.notify_all()
             else:
                 self._ahead.add(unique)
 

@@ -248,14 +248,16 @@ def parse_request(header, body, payload=None, *, setxattr_ext: bool = False) -> 
     Raises ProtocolError for anything truncated or inconsistent.
     """
     h = header if isinstance(header, Header) else parse_header(header)
-    buffers = [] if payload is None else _buffers(payload)
-    got = abi.IN_HEADER.size + len(body) + sum(b.nbytes for b in buffers)
+    got = abi.IN_HEADER.size + len(body)
+    if payload is not None:
+        buffers = _buffers(payload)
+        got += sum(b.nbytes for b in buffers)
     if got != h.length:
         raise ProtocolError(f"{_op_name(h.opcode)} (unique {h.unique}): length field says {h.length} "
                             f"bytes, the request has {got}")
     if h.opcode == Op.WRITE:
         return parse_write(h, body, None if payload is None else buffers)
-    if any(b.nbytes for b in buffers):
+    if payload is not None and any(b.nbytes for b in buffers):
         body = b"".join([bytes(body), *buffers])
     if h.total_extlen:
         ext = h.total_extlen * 8

@@ -44,12 +44,14 @@ BULK = 1 << 20  # a read this large with more queued behind it: several writers 
 class Readers:
     def __init__(self, active_s: float = ACTIVE_S):
         self.active_s = active_s
-        self._cond = threading.Condition(threading.Lock())
-        self.reading = 0  # workers in a read, or about to start one   GUARDED_BY: _cond
-        self.parked = 0  # workers parked in `enter`                    GUARDED_BY: _cond
-        self._until = 0.0  # every worker reads until then (monotonic)  GUARDED_BY: _cond
-        self._stopped = False  # no more parking                         GUARDED_BY: _cond
-        self._passes = 0  # parked workers let through once (`wake_one`)  GUARDED_BY: _cond
+        # held as `_lock` (a C-level enter; the Condition's own is Python), waited on as `_cond`
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self.reading = 0  # workers in a read, or about to start one   GUARDED_BY: _lock
+        self.parked = 0  # workers parked in `enter`                    GUARDED_BY: _lock
+        self._until = 0.0  # every worker reads until then (monotonic)  GUARDED_BY: _lock
+        self._stopped = False  # no more parking                         GUARDED_BY: _lock
+        self._passes = 0  # parked workers let through once (`wake_one`)  GUARDED_BY: _lock
         self.parks = 0  # statistics: times a worker parked
         self.activations = 0  # times every worker was asked to read
         self.wakes = 0  # times one parked worker was asked to read once
@@ -57,7 +59,7 @@ class Readers:
     def enter(self, may_park: bool = True) -> None:
         """Before a read: park while another worker reads and none is wanted (`may_park` False:
         a spare worker, which reads at once)."""
-        with self._cond:
+        with self._lock:
             while may_park and self.reading and not self._stopped and time.monotonic() >= self._until:
                 if self._passes:
                     self._passes -= 1
@@ -71,13 +73,13 @@ class Readers:
     def leave(self) -> bool:
         """A read returned. True when the caller should look for a backlog (`backlog`), because
         workers are parked and every worker is not already reading."""
-        with self._cond:
+        with self._lock:
             self.reading -= 1
             return bool(self.parked) and not self._stopped and time.monotonic() >= self._until
 
     def wake_one(self) -> None:
         """One parked worker reads once (then parks again if another still reads)."""
-        with self._cond:
+        with self._lock:
             if self.parked > self._passes:
                 self._passes += 1
                 self.wakes += 1
@@ -85,7 +87,7 @@ class Readers:
 
     def activate(self) -> None:
         """Every worker reads for `active_s` from now (parked ones wake)."""
-        with self._cond:
+        with self._lock:
             self._until = time.monotonic() + self.active_s
             if self.parked:
                 self.activations += 1
@@ -93,13 +95,13 @@ class Readers:
 
     def gone(self) -> None:
         """A spare worker leaves: if nobody reads now, a parked worker must."""
-        with self._cond:
+        with self._lock:
             if not self.reading and self.parked:
                 self._cond.notify()  # it finds nobody reading: it reads
 
     def stop(self) -> None:
         """No parking from now on: every parked worker reads (and sees the unmount)."""
-        with self._cond:
+        with self._lock:
             self._stopped = True
             self._cond.notify_all()
 

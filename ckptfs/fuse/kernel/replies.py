@@ -27,17 +27,17 @@ float seconds.
 from __future__ import annotations
 
 import errno as _errno
+import functools
 import stat as _stat
-from dataclasses import dataclass
 
 from . import abi
+from .requests import value
+
+_NS = 1_000_000_000
+_U64 = 0xFFFF_FFFF_FFFF_FFFF  # a negative time64_t travels as its u64 image
 
 
-def _split_ns(ns: int) -> tuple[int, int]:
-    sec, nsec = divmod(ns, 1_000_000_000)
-    return sec & 0xFFFF_FFFF_FFFF_FFFF, nsec  # a negative time64_t travels as its u64 image
-
-
+@functools.lru_cache(maxsize=64)  # a filesystem uses a few timeouts, on every reply
 def _split_timeout(seconds: float) -> tuple[int, int]:
     if seconds <= 0:
         return 0, 0
@@ -45,7 +45,10 @@ def _split_timeout(seconds: float) -> tuple[int, int]:
     return whole, min(int((seconds - whole) * 1e9), 999_999_999)
 
 
-@dataclass(frozen=True, slots=True)
+_ATTR_PACK = abi.ATTR.pack
+
+
+@value
 class Attr:
     """struct fuse_attr."""
 
@@ -64,14 +67,14 @@ class Attr:
     flags: int = 0
 
     def pack(self) -> bytes:
-        a, an = _split_ns(self.atime_ns)
-        m, mn = _split_ns(self.mtime_ns)
-        c, cn = _split_ns(self.ctime_ns)
-        return abi.ATTR.pack(self.ino, self.size, self.blocks, a, m, c, an, mn, cn, self.mode,
-                             self.nlink, self.uid, self.gid, self.rdev, self.blksize, self.flags)
+        a, an = divmod(self.atime_ns, _NS)
+        m, mn = divmod(self.mtime_ns, _NS)
+        c, cn = divmod(self.ctime_ns, _NS)
+        return _ATTR_PACK(self.ino, self.size, self.blocks, a & _U64, m & _U64, c & _U64, an, mn, cn, self.mode,
+                          self.nlink, self.uid, self.gid, self.rdev, self.blksize, self.flags)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class EntryOut:
     """A name's inode: nodeid 0 is a negative entry (cached ENOENT for entry_timeout)."""
 
@@ -87,7 +90,7 @@ class EntryOut:
         return abi.ENTRY_OUT_HEAD.pack(self.nodeid, self.generation, es, as_, en, an) + self.attr.pack()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class AttrOut:
     attr: Attr
     attr_timeout: float = 1.0
@@ -97,7 +100,7 @@ class AttrOut:
         return abi.ATTR_OUT_HEAD.pack(s, n, 0) + self.attr.pack()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class OpenOut:
     fh: int
     open_flags: int = 0  # FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE, FOPEN_PARALLEL_DIRECT_WRITES, ...
@@ -107,7 +110,7 @@ class OpenOut:
         return abi.OPEN_OUT.pack(self.fh, self.open_flags, self.backing_id)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CreateOut:
     entry: EntryOut
     open: OpenOut
@@ -116,7 +119,7 @@ class CreateOut:
         return self.entry.pack() + self.open.pack()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class WriteOut:
     size: int
 
@@ -124,7 +127,7 @@ class WriteOut:
         return abi.WRITE_OUT.pack(self.size, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StatfsOut:
     blocks: int
     bfree: int
@@ -140,7 +143,7 @@ class StatfsOut:
                                 self.bsize, self.namelen, self.frsize, 0, 0, 0, 0, 0, 0, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class XattrSize:
     """The answer to GETXATTR/LISTXATTR with size 0: how many bytes the value or list takes."""
 
@@ -150,7 +153,7 @@ class XattrSize:
         return abi.GETXATTR_OUT.pack(self.size, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CopiedOut:
     size: int
 
@@ -158,7 +161,7 @@ class CopiedOut:
         return abi.COPY_FILE_RANGE_OUT.pack(self.size)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LseekOut:
     offset: int
 
@@ -166,7 +169,7 @@ class LseekOut:
         return abi.LSEEK_OUT.pack(self.offset)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class InitOut:
     major: int
     minor: int
@@ -238,6 +241,9 @@ class DirentBuffer:
         return b"".join(self._parts)
 
 
+_OUT_PACK, _OUT_SIZE = abi.OUT_HEADER.pack, abi.OUT_HEADER.size
+
+
 def out_header(unique: int, error: int, payload_len: int) -> bytes:
     """fuse_out_header for a reply of payload_len bytes; `error` is 0 or a positive errno."""
     return abi.OUT_HEADER.pack(abi.OUT_HEADER.size + payload_len, -error, unique)
@@ -263,7 +269,8 @@ def frame(unique: int, reply) -> list:
     elif isinstance(reply, (list, tuple)):
         parts = list(reply)
     else:
-        parts = [reply.pack()]
+        body = reply.pack()
+        return [_OUT_PACK(_OUT_SIZE + len(body), 0, unique), body]
     n = 0
     for p in parts:
         n += p.nbytes if isinstance(p, memoryview) else len(p)

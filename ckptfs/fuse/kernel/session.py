@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 import operator
@@ -115,8 +116,11 @@ _REPLY_TYPES = {
     "read": _DATA, "readlink": (bytes, bytearray, memoryview),
 }
 _NO_REPLY = frozenset({"forget", "batch_forget"})
+_IN_SIZE = abi.IN_HEADER.size  # fuse_in_header
+_HEAD_SIZE = abi.WRITE_HEADER_SIZE  # the header buffer of every read: fuse_in_header + fuse_write_in
 
 
+@functools.lru_cache(maxsize=256)  # Python's open() of any file asks an IOCTL (isatty): every time
 def _unsupported(opcode: int) -> str:
     """The statistics key of an opcode answered ENOSYS: 'unsupported_ioctl', or the number."""
     try:
@@ -171,6 +175,7 @@ class Session:
         self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
+        self._setxattr_ext = False  # negotiated.setxattr_ext, read by every parse
         self.payload_size = 0
         self._workers: list[threading.Thread] = []
         self._methods: dict[str, object] = {}
@@ -243,6 +248,7 @@ class Session:
                                              else _errno_of(exc, "init"))], h.unique)
             raise
         self.negotiated = neg
+        self._setxattr_ext = neg.setxattr_ext
         self.order.start(h.unique)
         self.payload_size = max(neg.max_write, NON_WRITE_ROOM)
         for name in ("lookup forget batch_forget getattr setattr readlink symlink mknod mkdir unlink rmdir "
@@ -380,12 +386,13 @@ class Session:
         given = None if self.write_buffer is None else self.write_buffer(index)
         if given is None:
             return [own]
-        given = tuple(given) if isinstance(given, (list, tuple)) else (given,)
+        if not isinstance(given, (list, tuple)):
+            given = (given,)
         last = self._last_payload.get(index)
         if last is not None and len(last[0]) == len(given) and all(map(operator.is_, last[0], given)):
-            return last[1]  # the hook gave the same buffers again: the same views
+            return last[1]  # the hook gave the same buffers again (maybe the same list, changed): the same views
         out = self._views(given, own)
-        self._last_payload[index] = (given, out)
+        self._last_payload[index] = (tuple(given), out)
         return out
 
     def _views(self, given, own: memoryview) -> list[memoryview]:
@@ -480,14 +487,20 @@ class Session:
     def _parse(self, fd: int, head: memoryview, payload: list[memoryview], n: int, counts: dict):
         """The request a read of `n` bytes holds (seen by `on_read`), or None when there is
         nothing to serve (a short read; a bad request, answered EIO and done)."""
-        if n < abi.IN_HEADER.size:
+        if n < _IN_SIZE:
             log.error("short read of /dev/fuse: %d bytes, less than a request header", n)
             return None
         h = parse_header(head)
         try:
-            req = parse_request(h, head[abi.IN_HEADER.size:min(n, len(head))],
-                                _filled(payload, n - len(head)) if n > len(head) else None,
-                                setxattr_ext=self.negotiated.setxattr_ext)
+            if n <= _HEAD_SIZE:
+                req = parse_request(h, head[_IN_SIZE:n], setxattr_ext=self._setxattr_ext)
+            elif h.opcode == abi.Op.WRITE:  # the payload stays where the read put it
+                req = parse_request(h, head[_IN_SIZE:], _filled(payload, n - _HEAD_SIZE),
+                                    setxattr_ext=self._setxattr_ext)
+            else:  # a name or a value past the header buffer: small, joined
+                spill, first = n - _HEAD_SIZE, payload[0]
+                rest = first[:spill] if first.nbytes >= spill else b"".join(_filled(payload, spill))
+                req = parse_request(h, b"".join((head[_IN_SIZE:], rest)), setxattr_ext=self._setxattr_ext)
         except ProtocolError as e:
             log.error("bad request: %s", e)
             counts["errors"] = counts.get("errors", 0) + 1
@@ -532,35 +545,37 @@ class Session:
             return
         unique = h.unique
         self._inflight.add(unique)
-        held = []  # the handler's result, when it holds something until the reply is out
+        held = None  # the handler's result, when it holds something until the reply is out
         try:
-            parts = self._call(fn, req, held)
-        except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
-            log.exception("%s: could not encode the reply", method)
-            parts = [None, errno.EIO]
+            try:
+                result = fn(req)
+            except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
+                parts, total = None, _errno_of(exc, method)
+            else:
+                if callable(getattr(result, "release", None)):
+                    held = result
+                try:
+                    parts, total = self._reply(req, method, result)
+                except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
+                    log.exception("%s: could not encode the reply", method)
+                    parts, total = None, errno.EIO
         finally:
             self._inflight.discard(unique)
             self._interrupted.discard(unique)
         try:
-            if parts[0] is None:
+            if parts is None:
                 counts["errors"] = counts.get("errors", 0) + 1
-                parts = [error_reply(unique, parts[1])]
-            if not self._send(fd, parts, unique):
+                parts = [error_reply(unique, total)]
+                total = None
+            if not self._send(fd, parts, unique, total):
                 counts["dropped"] = counts.get("dropped", 0) + 1
         finally:
-            for result in held:
-                result.release()
+            if held is not None:
+                held.release()
 
-    def _call(self, fn, req, held: list) -> list:
-        """The reply buffers for `req`, or [None, errno]. A result with `release()` goes into
-        `held`, released once the reply is written (or dropped)."""
-        method = req.method
-        try:
-            result = fn(req)
-        except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
-            return [None, _errno_of(exc, method)]
-        if callable(getattr(result, "release", None)):
-            held.append(result)
+    def _reply(self, req, method: str, result) -> tuple:
+        """The reply buffers for `req` and their length, or (None, errno) for a result that
+        does not fit the request."""
         if method in ("getxattr", "listxattr"):
             if method == "listxattr" and not isinstance(result, (bytes, bytearray, memoryview)):
                 result = b"".join(bytes(name) + b"\0" for name in result)
@@ -568,23 +583,22 @@ class Session:
             if req.size == 0:
                 result = XattrSize(size)
             elif size > req.size:
-                return [None, errno.ERANGE]
+                return None, errno.ERANGE
         else:
             want = _REPLY_TYPES.get(method)
-            ok = result is None if want is None else isinstance(result, want)
-            if not ok:
+            if not (result is None if want is None else isinstance(result, want)):
                 log.error("%s returned %s, not %s; replying EIO", method, type(result).__name__,
                           "None" if want is None else want)
-                return [None, errno.EIO]
-        parts = frame(req.unique, result)
-        if method == "read":
-            size = abi.OUT_HEADER.unpack_from(parts[0])[0] - abi.OUT_HEADER.size
-            if size > req.size:
-                log.error("read returned %d bytes for a request of %d; replying EIO", size, req.size)
-                return [None, errno.EIO]
+                return None, errno.EIO
+        parts = frame(req.header.unique, result)
+        total = abi.OUT_HEADER.unpack_from(parts[0])[0]
+        if method == "read" and total - abi.OUT_HEADER.size > req.size:
+            log.error("read returned %d bytes for a request of %d; replying EIO", total - abi.OUT_HEADER.size,
+                      req.size)
+            return None, errno.EIO
         if len(parts) > IOV_MAX:
             parts = [parts[0], b"".join(bytes(p) for p in parts[1:])]
-        return parts
+        return parts, total
 
     def _interrupt(self, fd: int, req) -> None:
         target = req.target
@@ -601,11 +615,13 @@ class Session:
             # for a finished request the kernel refuses the reply (ENOENT), which is fine.
             self._send(fd, [error_reply(req.unique, errno.EAGAIN)], req.unique)
 
-    def _send(self, fd: int, parts: list, unique: int) -> bool:
-        """Write one reply; False if the kernel no longer wanted it or is gone."""
-        total = 0
-        for p in parts:
-            total += p.nbytes if isinstance(p, memoryview) else len(p)
+    def _send(self, fd: int, parts: list, unique: int, total: int | None = None) -> bool:
+        """Write one reply (`total` bytes, counted here when not given); False if the kernel no
+        longer wanted it or is gone."""
+        if total is None:
+            total = 0
+            for p in parts:
+                total += p.nbytes if isinstance(p, memoryview) else len(p)
         try:
             n = os.writev(fd, parts)
         except OSError as e:
