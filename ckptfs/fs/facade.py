@@ -90,16 +90,23 @@ class AsyncFilesystem:
             while True:
                 try:
                     return fn(*args, **kw)
-                except NeedsRestore as e:
-                    await self.backend.restore(e)
-                except NeedsFetch as e:
-                    await self.backend.fetch(e.chunks, held)
-                except NoSpace as e:
-                    if not await self.backend.room(isinstance(e, DevicesFull)):
+                except (NeedsFetch, NoSpace) as e:
+                    if not await self._wait_out(e, held):
                         raise
         finally:
             if held:
                 self.backend.let_go(held)
+
+    async def _wait_out(self, e: NeedsFetch | NoSpace, held: list) -> bool:
+        """Wait for what `e` says is missing: chunks restored (NeedsRestore) or fetched (NeedsFetch:
+        held in memory, appended to `held`), or room (NoSpace); False when room will never come."""
+        if isinstance(e, NeedsRestore):
+            await self.backend.restore(e)
+        elif isinstance(e, NeedsFetch):
+            await self.backend.fetch(e.chunks, held)
+        else:
+            return await self.backend.room(isinstance(e, DevicesFull))
+        return True
 
     def blocks(self, inode: Inode) -> int:
         """st_blocks: the 512-byte blocks the file holds."""
@@ -261,12 +268,8 @@ class AsyncFilesystem:
                     done += self.fs.write(fh, off + done, view[done:], kill_setid)
                     if done == len(view):
                         return done
-                except NeedsRestore as e:
-                    await self.backend.restore(e)
-                except NeedsFetch as e:
-                    await self.backend.fetch(e.chunks, held)
-                except NoSpace as e:
-                    if not await self.backend.room(isinstance(e, DevicesFull)):
+                except (NeedsFetch, NoSpace) as e:
+                    if not await self._wait_out(e, held):
                         if done:
                             return done
                         raise
