@@ -136,7 +136,13 @@ def test_filemap_allocated_bytes_are_the_4k_blocks_held():
     assert fd.allocated_bytes == 216 * 1024
     fd.truncate(4096)
     assert fd.allocated_bytes == 4096
+    fd.punch(0, 4096)  # the whole chunk's bytes: it goes
+    assert fd.allocated_bytes == 0 == fd.count_held()
+    fd.write(64 << 10, b"z" * 5000)
+    fd.punch((64 << 10) + 4000, 1000)  # to its end: its high-water mark comes down
+    assert fd.allocated_bytes == 4096 == fd.count_held()
     fd.clear()
+    assert fd.allocated_bytes == 0
     a.close()
 
 
@@ -259,6 +265,7 @@ def test_filemap_matches_bytearray(ops):
                 ref.extend(bytes(off - len(ref)))
         assert read_all(fd, len(ref)) == bytes(ref)
         check_seek(fd, bytes(ref))
+        assert fd.allocated_bytes == fd.count_held()  # kept as it goes, not summed per stat
     fd.clear()
     assert a.used_slots == 0
     a.close()

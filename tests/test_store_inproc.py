@@ -531,3 +531,29 @@ def test_a_read_of_more_chunks_than_memory_frees_waits_for_room_instead_of_fetch
     assert out.get("got") == data[:2 * cs]
     p._call("release", rfh)
     d.kill()
+
+
+def test_st_blocks_follow_a_drained_chunk_cut_in_place():
+    """A truncate of a file already on the devices keeps a chunk whose shorter self still fits
+    its piece on the device (Store.shorten): st_blocks comes down with it, and the count kept
+    as chunks change agrees with one summed chunk by chunk."""
+    import os as _os
+    from inproc import CTX, _SizeFields, _size_attr
+    devs, d, p = fresh()
+    p.write_file("/f", random.randbytes(120_000), fsync=True)  # chunk 1: 54,464 bytes, a whole unit
+    ino = p.ino("/f")
+    blocks = lambda: p._call("getattr", ino, CTX).st_blocks  # noqa: E731
+    assert blocks() == -(-120_000 // 4096) * 8
+    CUT = 100_000  # five blocks fewer, still more than half a unit: it stays on its unit
+    cut = []
+    shorten = d.store.shorten
+    d.store.shorten = lambda chunk, hwm: cut.append(shorten(chunk, hwm)) or cut[-1]
+    fh = p._call("open", ino, _os.O_WRONLY, CTX).fh
+    p._call("setattr", ino, _size_attr(CUT), _SizeFields(), fh, CTX)
+    p._call("release", fh)
+    assert cut == [True]  # kept on its extent, cut in place
+    assert blocks() == -(-CUT // 4096) * 8
+    data = d.fs.ns.inodes[ino].data
+    assert d.call_sync(lambda: (data.allocated_bytes, data.count_held())) == (-(-CUT // 4096) * 4096,) * 2
+    d.call_sync(d.fs.check_invariants)
+    d.kill()

@@ -558,5 +558,8 @@ class Filesystem:
         owned = [c.slot for i in self.ns.inodes.values() if i.data is not None for c in i.data.chunks.values()
                  if c.slot is not None]
         assert len(owned) == len(set(owned)), "slot owned by two chunks"
+        for i in self.ns.inodes.values():
+            if i.data is not None:
+                assert i.data.allocated_bytes == i.data.count_held(), f"inode {i.ino}: allocated bytes miscounted"
         assert len(owned) + self.arena.free_slots + self.arena.lent_slots == self.arena.nslots, \
             "leaked arena slots"

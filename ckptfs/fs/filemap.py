@@ -163,6 +163,11 @@ class MemoryOwner:
         pass
 
 
+def _blocks(hwm: int) -> int:
+    """The bytes of whole BLOCKs that `hwm` bytes take."""
+    return -(-hwm // BLOCK) * BLOCK
+
+
 @functools.cache
 def _zeros(n: int) -> memoryview:
     """n zero bytes, read-only, shared by every file (holes read as views of them)."""
@@ -176,7 +181,10 @@ class FileData:
         self.owner = owner
         self.ino = ino
         self._cs = owner.chunk_size
+        # change it through put / drop / _set_hwm only: `_held` follows it
         self.chunks: dict[int, Chunk] = {}
+        self._held = 0  # allocated_bytes, kept as chunks come, go and grow (a stat of a 10 GiB file
+        #                 summed 10,240 chunks under the loop lock: 0.7 ms)
         self._zeros = _zeros(self._cs)
         self.remote = None  # remote.Remote while chunks are still to be restored from elsewhere
 
@@ -184,7 +192,28 @@ class FileData:
     def allocated_bytes(self) -> int:
         """Bytes the file holds, as ext4 counts them in 4 KiB blocks: each chunk up to its
         high-water mark (the zero-filled gaps below it are held too; holes are not)."""
-        return sum(-(-c.hwm // BLOCK) * BLOCK for c in self.chunks.values())
+        return self._held
+
+    def count_held(self) -> int:
+        """allocated_bytes counted chunk by chunk (check_invariants compares)."""
+        return sum(_blocks(c.hwm) for c in self.chunks.values())
+
+    def put(self, idx: int, chunk: Chunk) -> None:
+        """`chunk` becomes chunk `idx` (in place of the one there, which the caller disposes of)."""
+        old = self.chunks.get(idx)
+        self._held += _blocks(chunk.hwm) - (0 if old is None else _blocks(old.hwm))
+        self.chunks[idx] = chunk
+
+    def drop(self, idx: int) -> Chunk | None:
+        """Chunk `idx` leaves the map (None: a hole there); the caller disposes of it."""
+        chunk = self.chunks.pop(idx, None)
+        if chunk is not None:
+            self._held -= _blocks(chunk.hwm)
+        return chunk
+
+    def _set_hwm(self, chunk: Chunk, hwm: int) -> None:
+        self._held += _blocks(hwm) - _blocks(chunk.hwm)
+        chunk.hwm = hwm
 
     def _pieces(self, off: int, length: int) -> Iterator[tuple[int, int, int]]:
         """(chunk index, offset in chunk, piece length) covering [off, off+length)."""
@@ -214,7 +243,7 @@ class FileData:
         self._reserve(chunk, end)
         if chunk is None:
             chunk = Chunk(self.owner.alloc_slot(), self.ino, idx)
-            self.chunks[idx] = chunk
+            self.put(idx, chunk)
             return chunk
         if chunk.slot is None and not whole:
             raise NeedsFetch([chunk])
@@ -225,7 +254,7 @@ class FileData:
                 fresh.hwm = chunk.hwm
             if not chunk.pins:  # only a reply held it: its bytes move on with the copy
                 fresh.absorbed, chunk.absorbed = chunk.absorbed, 0
-            self.chunks[idx] = fresh
+            self.put(idx, fresh)
             self.owner.chunk_dropped(chunk)
             return fresh
         return chunk
@@ -253,7 +282,7 @@ class FileData:
                 dst[chunk.hwm:inner] = self._zeros[:inner - chunk.hwm]
             dst[inner:inner + n] = src[done:done + n]
             if inner + n > chunk.hwm:
-                chunk.hwm = inner + n
+                self._set_hwm(chunk, inner + n)
             chunk.absorbed += n
             chunk.gen += 1
             self.owner.chunk_changed(chunk)
@@ -291,7 +320,7 @@ class FileData:
                 dst[keep:at] = self._zeros[:at - keep]
             if keep and not old.pins:  # as a copy-on-write: its bytes move on with the copy
                 chunk.absorbed, old.absorbed = chunk.absorbed + old.absorbed, 0
-        self.chunks[idx] = chunk
+        self.put(idx, chunk)
         if old is not None:
             self.owner.chunk_dropped(old)  # its bytes are overwritten or moved: never drained (skipped)
         self.owner.chunk_changed(chunk)
@@ -365,7 +394,7 @@ class FileData:
         if inner:  # first: it may raise (NeedsFetch, NoSpace, DevicesFull), and then nothing changed
             self._cut(keep_idx, inner)
         for idx in [i for i in self.chunks if i > keep_idx or (i == keep_idx and inner == 0)]:
-            self.owner.chunk_dropped(self.chunks.pop(idx))
+            self.owner.chunk_dropped(self.drop(idx))
 
     def _cut(self, idx: int, at: int) -> None:
         """Chunk `idx` reads as zeros from `at` on (its high-water mark lowered; copied first when
@@ -382,12 +411,14 @@ class FileData:
             if chunk.pins or chunk.readers:
                 chunk = self._writable_chunk(idx, whole=False)
             elif chunk.drained:
-                if self.owner.shorten(chunk, at):
+                before = chunk.hwm
+                if self.owner.shorten(chunk, at):  # (which cut its high-water mark to `at`)
+                    self._held += _blocks(at) - _blocks(before)
                     return
                 self.owner.reserve(None, at)
             else:
                 self.owner.reserve(chunk, at)
-            chunk.hwm = at
+            self._set_hwm(chunk, at)
             chunk.gen += 1
             self.owner.chunk_changed(chunk)
 
@@ -404,7 +435,7 @@ class FileData:
             if chunk is None or inner >= chunk.hwm:
                 continue  # a hole there already
             if inner == 0 and n >= chunk.hwm:
-                self.owner.chunk_dropped(self.chunks.pop(idx))
+                self.owner.chunk_dropped(self.drop(idx))
             elif inner + n >= chunk.hwm:
                 self._cut(idx, inner)
             else:
@@ -448,3 +479,4 @@ class FileData:
         for chunk in self.chunks.values():
             self.owner.chunk_dropped(chunk)
         self.chunks.clear()
+        self._held = 0

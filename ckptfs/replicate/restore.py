@@ -219,7 +219,7 @@ class Restorer:
             extents = {i: c.extent for i, c in data.chunks.items() if c.extent is not None and c.drained}
             job.missing = set(plan.missing_chunks(entry.size, cs, entry.crcs, extents))
             for i in job.missing:
-                chunk = data.chunks.pop(i, None)  # a stale or partial copy: fetched again
+                chunk = data.drop(i)  # a stale or partial copy: fetched again
                 if chunk is not None:
                     data.owner.chunk_dropped(chunk)
             if not job.missing:

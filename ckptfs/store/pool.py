@@ -300,7 +300,7 @@ def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
             c.extent = ext
             c.extent_gen = 0
             c.live = True
-            fd.chunks[idx] = c
+            fd.put(idx, c)
         ns.inodes[ino].data = fd
     return ns
 
