@@ -313,6 +313,7 @@ class AsyncFilesystem:
 
     def unlend_slot(self, slot: int) -> None:
         self.fs.arena.unlend(slot)
+        self.fs.owner.wake()  # a write or a fetch waiting for room may go now
 
     def flush_nowait(self, fh: int, owner: int | None = None) -> None:
         self.fs.flush(fh, owner)

@@ -98,6 +98,7 @@ class ChunkOwner(Protocol):
     def read_done(self, chunks: list[Chunk]) -> None: ...  # the replies pinning them are out
     def evictable(self) -> int: ...  # slots held by chunks already on a device
     def make_free(self, want: int) -> None: ...  # evict such chunks until `want` slots are free
+    def wake(self) -> None: ...  # memory came free outside it (a lent slot back): waiters look again
 
 
 class Pinned(list):
@@ -161,6 +162,9 @@ class MemoryOwner:
 
     def make_free(self, want: int) -> None:
         pass
+
+    def wake(self) -> None:
+        pass  # nobody waits for room without devices
 
 
 def _blocks(hwm: int) -> int:
