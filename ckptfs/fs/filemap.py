@@ -92,7 +92,7 @@ class ChunkOwner(Protocol):
     def view(self, slot: int) -> memoryview: ...
     def chunk_changed(self, chunk: Chunk) -> None: ...
     def chunk_dropped(self, chunk: Chunk) -> None: ...
-    def shorten(self, chunk: Chunk, hwm: int) -> bool: ...  # a drained chunk cut in place: kept on its extent?
+    def shorten(self, chunk: Chunk, hwm: int) -> bool: ...  # a drained chunk to be cut to hwm: kept on its extent?
     def read_ahead(self, data: "FileData", idx: int) -> None: ...
     def adopt_slot(self, slot: int) -> None: ...  # a lent slot becomes a chunk's
     def read_done(self, chunks: list[Chunk]) -> None: ...  # the replies pinning them are out
@@ -415,9 +415,8 @@ class FileData:
             if chunk.pins or chunk.readers:
                 chunk = self._writable_chunk(idx, whole=False)
             elif chunk.drained:
-                before = chunk.hwm
-                if self.owner.shorten(chunk, at):  # (which cut its high-water mark to `at`)
-                    self._held += _blocks(at) - _blocks(before)
+                if self.owner.shorten(chunk, at):
+                    self._set_hwm(chunk, at)
                     return
                 self.owner.reserve(None, at)
             else:

@@ -264,12 +264,12 @@ class Store:
     def shorten(self, chunk: Chunk, hwm: int) -> bool:
         """A drained chunk cut to `hwm` bytes keeps its extent, as `hwm` bytes with their own
         checksum, when that still takes the same piece or unit (the allocator tells a piece's
-        size by its length, at mount too): no drain, no new room (the committed copy shares it)."""
+        size by its length, at mount too): no drain, no new room (the committed copy shares it).
+        The chunk's high-water mark is its map's to cut (FileData._cut)."""
         ext = chunk.extent
         if self.alloc.piece_size(hwm) != self.alloc.piece_size(ext.length):
             return False
         chunk.extent = Extent(ext.dev, ext.unit, hwm, crc32c.crc32c(self.arena.view(chunk.slot)[:hwm]))
-        chunk.hwm = hwm
         chunk.gen += 1
         chunk.extent_gen = chunk.gen
         return True
