@@ -164,23 +164,18 @@ class TrioHandler:
     def _serve(self, op, req, *args, after=None):
         """op(req, *args) under the loop lock, in the kernel's order (then `after()`, still under
         it); its continuation on the trio thread if it must wait."""
-        loop = self.loop
-        loop.defer()  # wake the trio thread once the reply is out (the session's after_reply)
-        order = None if self.session is None else self.session.order
-        unique = req.header.unique
+        self.loop.defer()  # wake the trio thread once the reply is out (the session's after_reply)
         try:
-            if order is not None:
-                order.turn(unique)
+            self._turn(req)
             try:
-                with loop:
+                with self.loop:
                     try:
                         return op(req, *args)
                     finally:
                         if after is not None:
                             after()
             finally:
-                if order is not None:
-                    order.done(unique)  # the next request may go while this one replies, or waits
+                self._done(req)  # the next request may go while this one replies, or waits
         except Blocked as b:
             self.loop.kick(now=True)
             return self._on_trio(b.afn, *b.args)

@@ -241,9 +241,6 @@ class DirentBuffer:
         return b"".join(self._parts)
 
 
-_OUT_PACK, _OUT_SIZE = abi.OUT_HEADER.pack, abi.OUT_HEADER.size
-
-
 def out_header(unique: int, error: int, payload_len: int) -> bytes:
     """fuse_out_header for a reply of payload_len bytes; `error` is 0 or a positive errno."""
     return abi.OUT_HEADER.pack(abi.OUT_HEADER.size + payload_len, -error, unique)
@@ -270,7 +267,7 @@ def frame(unique: int, reply) -> list:
         parts = list(reply)
     else:
         body = reply.pack()
-        return [_OUT_PACK(_OUT_SIZE + len(body), 0, unique), body]
+        return [out_header(unique, 0, len(body)), body]
     n = 0
     for p in parts:
         n += p.nbytes if isinstance(p, memoryview) else len(p)

@@ -144,6 +144,11 @@ def _filled(buffers: list[memoryview], size: int) -> list[memoryview]:
     return out
 
 
+def _reply_length(parts: list) -> int:
+    """The length a reply's fuse_out_header (its first buffer) gives: frame() counted its parts."""
+    return abi.OUT_HEADER.unpack_from(parts[0])[0]
+
+
 def _errno_of(exc: BaseException, what: str) -> int:
     code = getattr(exc, "errno", None)
     if isinstance(code, int) and 0 < code < 512:
@@ -550,32 +555,31 @@ class Session:
             try:
                 result = fn(req)
             except Exception as exc:  # noqa: BLE001 - becomes an errno, never ends the worker
-                parts, total = None, _errno_of(exc, method)
+                parts, err = None, _errno_of(exc, method)
             else:
                 if callable(getattr(result, "release", None)):
                     held = result
                 try:
-                    parts, total = self._reply(req, method, result)
+                    parts, err = self._reply(req, method, result)
                 except Exception:  # noqa: BLE001 - a bad reply value: still answer the kernel
                     log.exception("%s: could not encode the reply", method)
-                    parts, total = None, errno.EIO
+                    parts, err = None, errno.EIO
         finally:
             self._inflight.discard(unique)
             self._interrupted.discard(unique)
         try:
             if parts is None:
                 counts["errors"] = counts.get("errors", 0) + 1
-                parts = [error_reply(unique, total)]
-                total = None
-            if not self._send(fd, parts, unique, total):
+                parts = [error_reply(unique, err)]
+            if not self._send(fd, parts, unique):
                 counts["dropped"] = counts.get("dropped", 0) + 1
         finally:
             if held is not None:
                 held.release()
 
     def _reply(self, req, method: str, result) -> tuple:
-        """The reply buffers for `req` and their length, or (None, errno) for a result that
-        does not fit the request."""
+        """(the reply buffers for `req`, 0), or (None, errno) for a result that does not fit the
+        request."""
         if method in ("getxattr", "listxattr"):
             if method == "listxattr" and not isinstance(result, (bytes, bytearray, memoryview)):
                 result = b"".join(bytes(name) + b"\0" for name in result)
@@ -591,14 +595,14 @@ class Session:
                           "None" if want is None else want)
                 return None, errno.EIO
         parts = frame(req.header.unique, result)
-        total = abi.OUT_HEADER.unpack_from(parts[0])[0]
-        if method == "read" and total - abi.OUT_HEADER.size > req.size:
-            log.error("read returned %d bytes for a request of %d; replying EIO", total - abi.OUT_HEADER.size,
-                      req.size)
-            return None, errno.EIO
+        if method == "read":
+            size = _reply_length(parts) - abi.OUT_HEADER.size
+            if size > req.size:
+                log.error("read returned %d bytes for a request of %d; replying EIO", size, req.size)
+                return None, errno.EIO
         if len(parts) > IOV_MAX:
             parts = [parts[0], b"".join(bytes(p) for p in parts[1:])]
-        return parts, total
+        return parts, 0
 
     def _interrupt(self, fd: int, req) -> None:
         target = req.target
@@ -615,13 +619,10 @@ class Session:
             # for a finished request the kernel refuses the reply (ENOENT), which is fine.
             self._send(fd, [error_reply(req.unique, errno.EAGAIN)], req.unique)
 
-    def _send(self, fd: int, parts: list, unique: int, total: int | None = None) -> bool:
-        """Write one reply (`total` bytes, counted here when not given); False if the kernel no
-        longer wanted it or is gone."""
-        if total is None:
-            total = 0
-            for p in parts:
-                total += p.nbytes if isinstance(p, memoryview) else len(p)
+    def _send(self, fd: int, parts: list, unique: int) -> bool:
+        """Write one reply (`frame` or `error_reply`: its header says its length); False if the
+        kernel no longer wanted it or is gone."""
+        total = _reply_length(parts)
         try:
             n = os.writev(fd, parts)
         except OSError as e:
