@@ -1,4 +1,5 @@
 """The durable store in-process on fault-injecting devices: recovery, crashes, errors."""
+import os
 import random
 import threading
 import time
@@ -500,7 +501,6 @@ def test_a_read_of_more_chunks_than_memory_frees_waits_for_room_instead_of_fetch
     served: without that, fetching the second evicted the first, the retry fetched the first
     again, evicting the second, and so on, reading the devices without end (found as a native
     mount spinning at 70% CPU with a READ that never returned, tight-memory model test)."""
-    import os as _os
     from inproc import CTX
     cs = 64 << 10
     devs, d, p = fresh(memory=4 * cs)  # 4 slots
@@ -508,7 +508,7 @@ def test_a_read_of_more_chunks_than_memory_frees_waits_for_room_instead_of_fetch
     p.write_file("/big", data, fsync=True)  # on the devices; all but the last chunks evicted
     lent = [d.call_sync(d.afs.lend_slot, 0) for _ in range(3)]  # one clean chunk left in memory
     assert None not in lent and d.call_sync(lambda: d.store.arena.free_slots) == 0
-    rfh = p._call("open", p.ino("/big"), _os.O_RDONLY, CTX).fh
+    rfh = p._call("open", p.ino("/big"), os.O_RDONLY, CTX).fh
 
     def reads() -> int:
         return sum(s.reads for s in d.store.stats)
@@ -536,7 +536,6 @@ def test_st_blocks_follow_a_drained_chunk_cut_in_place():
     """A truncate of a file already on the devices keeps a chunk whose shorter self still fits
     its piece on the device (Store.shorten): st_blocks comes down with it, and the count kept
     as chunks change agrees with one summed chunk by chunk."""
-    import os as _os
     from inproc import CTX, _SizeFields, _size_attr
     devs, d, p = fresh()
     p.write_file("/f", random.randbytes(120_000), fsync=True)  # chunk 1: 54,464 bytes, a whole unit
@@ -547,7 +546,7 @@ def test_st_blocks_follow_a_drained_chunk_cut_in_place():
     cut = []
     shorten = d.store.shorten
     d.store.shorten = lambda chunk, hwm: cut.append(shorten(chunk, hwm)) or cut[-1]
-    fh = p._call("open", ino, _os.O_WRONLY, CTX).fh
+    fh = p._call("open", ino, os.O_WRONLY, CTX).fh
     p._call("setattr", ino, _size_attr(CUT), _SizeFields(), fh, CTX)
     p._call("release", fh)
     assert cut == [True]  # kept on its extent, cut in place
