@@ -17,6 +17,12 @@ reads as zeros.
 One mount per memory setting serves the whole run, with a 64 KiB chunk so small
 files cross chunk boundaries; the directories are emptied between examples.
 CKPTFS_MODEL_EXAMPLES=1000 makes a longer hunt.
+
+The first example that fails is written down as it fails (its operations and their
+outcomes, and the traceback) and added as a note to whatever the test finally raises:
+hypothesis replays a failing example to report it, and when the replay takes another
+path (a step's outcome depending on what the failure left behind) it reports only
+FlakyStrategyDefinition, which hides the original error.
 """
 from __future__ import annotations
 
@@ -25,10 +31,13 @@ import errno
 import os
 import shutil
 import stat
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
@@ -122,12 +131,18 @@ def mnt(request, tmp_path_factory):
         m.close()
 
 
+OPS: list[str] = []        # this example's operations and outcomes, for the first-failure report
+FIRST_FAILURE: list[str] = []  # that report, once an example has failed
+
+
 def outcome(fn, *args):
-    """('ok', value) or ('err', errno)."""
+    """('ok', value) or ('err', errno), logged in OPS."""
     try:
-        return "ok", fn(*args)
+        res = "ok", fn(*args)
     except OSError as e:
-        return "err", e.errno
+        res = "err", e.errno
+    OPS.append(f"{getattr(fn, '__name__', fn)}{args!r:.160} -> {res!r:.120}")
+    return res
 
 
 def snapshot(root: Path, rel: str = ".", out: dict | None = None) -> dict:
@@ -164,6 +179,7 @@ class FsModel(RuleBasedStateMachine):
                 else:
                     child.unlink()
         self.fds: list[tuple[int, int, int]] = []  # (mount fd, reference fd, flags)
+        OPS.clear()
 
     # ---- helpers -----------------------------------------------------------
     def both(self, fn, *rel_args, raw=()):
@@ -376,6 +392,13 @@ class FsModel(RuleBasedStateMachine):
                 assert os.pread(fm, a.st_size + 1, 0) == os.pread(fr, b.st_size + 1, 0)
 
     def teardown(self):
+        """Also called while a failing step's exception unwinds (hypothesis calls it from a
+        `finally`): the first such failure of the run is written down."""
+        failure = sys.exc_info()[1]
+        if (isinstance(failure, Exception) and not isinstance(failure, HypothesisException)
+                and not FIRST_FAILURE):
+            FIRST_FAILURE.append("the first failing example, as it ran:\n  " + "\n  ".join(OPS)
+                                 + "\n" + "".join(traceback.format_exception(failure)))
         for fm, fr, _ in self.fds:
             os.close(fm)
             os.close(fr)
@@ -388,11 +411,16 @@ def test_mount_behaves_like_ext4(mnt):
     ref_dir = ref_root / "reference"
     mount_dir.mkdir()
     ref_dir.mkdir()
+    FIRST_FAILURE.clear()
     try:
         run_state_machine_as_test(
             lambda: FsModel(mount_dir, ref_dir),
             settings=settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
                               suppress_health_check=list(HealthCheck)))
+    except BaseException as e:
+        for report in FIRST_FAILURE:
+            e.add_note(report)
+        raise
     finally:
         shutil.rmtree(ref_root, ignore_errors=True)
     os.kill(mnt.pid, 0)  # the daemon is still alive
