@@ -68,6 +68,12 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     w_ck = _get(save, "writer_cpu_s_per_gib", "ckptfs", "median")
     absorb_rows = _get(results, "scale", "absorb", "rows", default=[]) or []
     absorb_cpu = _get(absorb_rows[0] if absorb_rows else {}, "daemon_cpu_s_per_gib", "ckptfs-pyfuse3")
+    absorb_native = _get(absorb_rows[0] if absorb_rows else {}, "daemon_cpu_s_per_gib", "ckptfs-native")
+    small = _get(results, "smallfiles", "rows", default={}) or {}
+
+    def small_us(system: str, op: str) -> str:
+        return _num(None if _get(small, system, op, "median") is None else small[system][op]["median"] * 1e6, ".0f",
+                    " us")
     rest = _get(results, "restore", "rows", "ckptfs-pyfuse3@1", default={}) or {}
     read_cpu = _get(rest, "read_daemon_cpu_s_per_gib", "median")
     rest_native = _get(results, "restore", "rows", "ckptfs-native@1", default={}) or {}
@@ -98,19 +104,21 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
 computes a CRC32 of every record for its zip container and writes from one
 thread; into `/dev/shm` that ran at {_num(shm_gbps, unit=" GB/s")} here, the floor
 the target is set against (though not a hard one: tmpfs allocates fresh pages
-on every save, which a pre-faulted arena avoids). Into ckptfs the same
-`torch.save` ran at {_num(ck_gbps, unit=" GB/s")}: each `write()` also makes a
-synchronous FUSE round trip (libfuse 3.14 caps a request at 1 MiB), pyfuse3
-copies every WRITE into a new `bytes` object and the daemon copies it once
-more into its pre-faulted arena. The daemon spent {_num(save_cpu)} CPU seconds
-per GiB saved (absorb, drain and journal together, from `/proc/<pid>/stat`;
-{_num(absorb_cpu)} s per GiB of absorb alone in the scale case). The saving
-process itself used {_num(w_ck)} CPU seconds per GiB while `torch.save` ran into
-ckptfs ({_num(w_shm)} into /dev/shm, where the kernel also allocates and zeroes
-fresh tmpfs pages on the writer's time): the rest of its blocked time it waits
-for the synchronous FUSE round trips, so a save is serialised on the daemon's
-one Python thread. On a 2-core machine the FUSE daemon, its drain and the
-writer also share two cores. At 2 GiB two more effects show: ext4 without
+on every save, which a pre-faulted arena avoids). Into ckptfs (the native
+engine, the default) the same `torch.save` ran at {_num(ck_gbps, unit=" GB/s")}: each `write()`
+is cut into WRITEs of up to 4 MiB, each a synchronous FUSE round trip served
+by one of the daemon's FUSE worker threads, which reads the payload straight
+into the arena slot that keeps it (the kernel's copy from the writer's pages,
+on the daemon's time, is the only copy; docs/ENGINE.md, "Zero-copy WRITE").
+The daemon spent {_num(save_cpu)} CPU seconds per GiB saved (absorb, drain with its
+crc32c, and journal together, from `/proc/<pid>/stat`; {_num(absorb_native)} s per GiB of
+absorb alone in the scale case, against {_num(absorb_cpu)} with pyfuse3, which copies
+every WRITE into a new `bytes` and then into the arena on its one request
+thread). The saving process itself used {_num(w_ck)} CPU seconds per GiB while
+`torch.save` ran into ckptfs ({_num(w_shm)} into /dev/shm, where the kernel also
+allocates and zeroes fresh tmpfs pages on the writer's time): the rest of its
+blocked time it waits for the round trips. On a 2-core machine the FUSE
+workers, the drain and the writer also share two cores. At 2 GiB two more effects show: ext4 without
 fsync is throttled by the kernel's dirty-page limits (`balance_dirty_pages`
 makes the writer wait for writeback once dirty data passes
 `vm.dirty_ratio`/`dirty_background_ratio` of free memory), and /dev/shm pays
@@ -157,7 +165,13 @@ cores shared by the writers and the daemon (and, for /dev/shm, by memory
 bandwidth into fresh pages); with pyfuse3 ckptfs also by its one
 request-serving Python thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
 serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
-however many writers there are. Durable bandwidth over throttled loop devices is
+however many writers there are. The native engine serves WRITEs on as many
+threads as the process has CPUs, and most of its {_num(absorb_native)} s per GiB is the
+kernel's copy into the arena, done in each worker's `readv` with the GIL
+released (`benchmarks/threadcpu.py --user-system` splits it by thread: on this
+VM 0.18-0.21 s of system time in the FUSE workers, which leaves 0.04-0.07 s
+per GiB under the 0.25 target for everything else). The 8-saver targets are for a machine
+with a core per saver (`benchmarks/node/run.sh`). Durable bandwidth over throttled loop devices is
 bounded by the blkio limit per device (the emulated NVMe speed); the raw
 O_DIRECT writer with the same block size and queue depth shows what the
 devices give, so ckptfs / raw isolates ckptfs's own cost (daemon CPU per GiB
@@ -210,6 +224,33 @@ one that yields to everything else when CPU is what is contended, and it costs
 nothing when CPU is free (`benchmarks/replicate.py --size 512M` the same hour:
 ckptfs at 1.01 and 1.09x boto3's throughput with the uploader at idle, 0.82 and
 1.17x with the calls in the daemon).
+
+**Small files and metadata.** Each operation on a file in a FUSE mount is
+at least one round trip: the kernel queues the request, wakes a daemon thread,
+waits for the reply and wakes the caller. On this VM that costs about 40 us
+with a server that does nothing (docs/ENGINE.md, "Per-request cost"), and more
+for a thread that had gone to sleep; ext4 answers a chmod in
+{small_us("ext4", "chmod")}. Counted with the native engine's request counters (`ckptfs
+status --json`, `engine_stats`): a write and close of a new file is a LOOKUP,
+a GETATTR of the folder (the kernel drops a folder's attributes when a file is
+created in it, and `default_permissions` needs them for the next lookup
+there: 51 GETATTRs for 50 files written into one folder, none for 50 files
+each in its own), CREATE, the IOCTL Python's `open()` sends to ask whether the file is a
+terminal (answered ENOSYS; the kernel asks again on every open), the WRITEs, a
+FLUSH (the close's commit) and a RELEASE sent after `close()` returns; a chmod
+or utime after it one SETATTR, whose reply refreshes the attributes so the
+`os.stat` after it is served by the kernel alone (right after the close, a
+stat is one GETATTR). Every truncate (an `O_TRUNC`
+open of an existing file, `ftruncate`) also makes the kernel ask for the
+file's `security.capability` attribute first. Lightning's copy of a 1.63 MB
+checkpoint is 34 requests, 25 of them WRITEs of 64 KiB (`shutil` copies with
+`sendfile`, which the kernel splits at its 64 KiB pipe): about 1.4 ms of round
+trips alone where ext4 does the whole copy in {small_us("ext4", "lightning")}, so 1.5x ext4 is below
+what any server answering one request per round trip reaches here. A
+safetensors round trip writes 8 WRITEs after an `ftruncate` and renames a
+temporary name into place; its load maps the file, and the pages fault in
+through 2 READs into fresh page-cache pages, where ext4's load finds the
+pages its save left in the page cache.
 
 **Every step to one path.** Bytes reaching the devices = what the drain wrote
 of each checkpoint before the next save replaced it, plus the last
