@@ -46,11 +46,11 @@ from mounting import CkptMount
 from nobody import as_user
 from syscalls import copy_range, fallocate
 
-pytestmark = pytest.mark.mount
-
 CHUNK = 64 << 10
 MAX_FDS = 6
 EXAMPLES = int(os.environ.get("CKPTFS_MODEL_EXAMPLES", "50"))  # raise it for a longer hunt
+# a long hunt takes up to ~0.3 s an example on a loaded 2-core machine: give it a second each
+pytestmark = [pytest.mark.mount, pytest.mark.timeout(max(600, EXAMPLES))]
 
 names = st.sampled_from(["a", "b"])
 dirs = st.sampled_from(["", "d", "e", "d/f"])

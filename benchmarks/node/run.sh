@@ -64,4 +64,10 @@ python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 4 --saves 2 --writers
 # (docs/ENGINE.md "Not done yet": passthrough)
 python benchmarks/passthrough.py --size 1G --readers 8 --threads "$cores" --repeats 2 2>&1 \
     | tee "$out/passthrough.log" || true
+# the round trip over /dev/fuse against FUSE over io_uring, callers and queue threads on one CPU and not
+# (docs/ENGINE.md "Not done yet": FUSE over io_uring)
+for placement in "" "--pin" "--client-cpu 1" "--client-cpu 1 --pin"; do
+    read -r -a opts <<< "$placement"
+    python benchmarks/uringfloor.py --n 5000 --rounds 4 "${opts[@]}" 2>&1 | tee -a "$out/uringfloor.log" || true
+done
 python benchmarks/report.py >/dev/null 2>&1 || true
