@@ -29,6 +29,8 @@ from common import ROOT, SCRATCH
 CLIENT = r"""
 import os, statistics, sys, time
 path, n = sys.argv[1], int(sys.argv[2])
+if len(sys.argv) > 3 and int(sys.argv[3]) >= 0:
+    os.sched_setaffinity(0, {int(sys.argv[3])})  # the client on this CPU
 os.stat(path)
 for name, fn in (("stat", lambda: os.stat(path)), ("getxattr", lambda: os.getxattr(path, "user.none"))):
     xs = []

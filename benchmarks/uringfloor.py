@@ -37,10 +37,9 @@ import os
 import struct
 import subprocess
 import sys
-import threading
-import time
 
 from common import ROOT, SCRATCH
+from fusefloor import CLIENT
 
 ENABLE = "/sys/module/fuse/parameters/enable_uring"
 FUSE_OVER_IO_URING = 1 << 41
@@ -255,25 +254,6 @@ def _possible_cpus() -> int:
     return n
 
 
-CLIENT = r"""
-import os, statistics, sys, time
-path, n, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-if cpu >= 0:
-    os.sched_setaffinity(0, {cpu})
-os.stat(path)
-out = []
-for name, fn in (("stat", lambda: os.stat(path)), ("getxattr", lambda: os.getxattr(path, "user.none"))):
-    xs = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        try:
-            fn()
-        except OSError:
-            pass
-        xs.append(time.perf_counter() - t0)
-    out.append(f"{name} {statistics.median(xs) * 1e6:.1f}")
-print(" ".join(out))
-"""
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -321,10 +301,11 @@ def main() -> int:
                 p, mp = servers[t]
                 u0, s0 = cpu_seconds(p.pid)
                 res = subprocess.run([sys.executable, "-c", CLIENT, str(mp / "f"), str(args.n), str(args.client_cpu)],
-                                     capture_output=True, text=True, check=True).stdout.strip()
+                                     capture_output=True, text=True, check=True).stdout
+                res = "; ".join(" ".join(line.split()) for line in res.splitlines())
                 u1, s1 = cpu_seconds(p.pid)
                 per = 2 * args.n + 1
-                print(f"round {rnd + 1} {t:5s} median us: {res}; server CPU per request: "
+                print(f"round {rnd + 1} {t:5s} {res}; server CPU per request: "
                       f"user {(u1 - u0) / per * 1e6:.1f} us, system {(s1 - s0) / per * 1e6:.1f} us", flush=True)
     finally:
         for p, mp in servers.values():
