@@ -71,7 +71,8 @@ class DeviceStats:
     errors: int = 0
     bandwidth: float | None = None  # recent write bandwidth while busy (bytes/s, moving average)
     in_flight: int = 0  # drain writes in flight now
-    _window: list = field(default_factory=lambda: [0, 0.0], repr=False, compare=False)  # since it last moved
+    _window_bytes: int = field(default=0, repr=False, compare=False)  # observed since `bandwidth` last moved
+    _window_s: float = field(default=0.0, repr=False, compare=False)
 
     def observe(self, nbytes: int, seconds: float) -> None:
         """A write of `nbytes` (times the writes sharing the device) took `seconds`. The estimate
@@ -82,13 +83,12 @@ class DeviceStats:
         back during a save and the device idled (drain.py: the gate, `Drainer.slow`)."""
         if seconds <= 0 or nbytes < 1 << 20:
             return
-        w = self._window
-        w[0] += nbytes
-        w[1] += seconds
-        if w[0] >= BANDWIDTH_WINDOW:
-            bw = w[0] / w[1]
+        self._window_bytes += nbytes
+        self._window_s += seconds
+        if self._window_bytes >= BANDWIDTH_WINDOW:
+            bw = self._window_bytes / self._window_s
             self.bandwidth = bw if self.bandwidth is None else 0.7 * self.bandwidth + 0.3 * bw
-            w[0], w[1] = 0, 0.0
+            self._window_bytes, self._window_s = 0, 0.0
 
 
 @dataclass(frozen=True)
