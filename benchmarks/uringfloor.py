@@ -147,18 +147,6 @@ class Ring:
         return out
 
 
-def answer(opcode: int, nodeid: int, bodies: dict) -> tuple[int, bytes]:
-    """(errno, reply body) of the filesystem that does nothing."""
-    from ckptfs.fuse.kernel import abi
-    if opcode == abi.Op.GETATTR:
-        return 0, bodies["dir" if nodeid == 1 else "file"]
-    if opcode == abi.Op.LOOKUP:
-        return 0, bodies["entry"]
-    if opcode == abi.Op.GETXATTR:
-        return errno.ENODATA, b""
-    return errno.ENOSYS, b""
-
-
 def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
     """In the server process: mount, answer INIT, serve until unmounted."""
     sys.path.insert(0, str(ROOT))
@@ -171,6 +159,16 @@ def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
               "file": AttrOut(Attr(ino=2, mode=0o100644), attr_timeout=0).pack(),
               "entry": EntryOut(2, Attr(ino=2, mode=0o100644), entry_timeout=3600, attr_timeout=0).pack()}
     unpack_in, pack_out = abi.IN_HEADER.unpack_from, abi.OUT_HEADER.pack
+
+    def answer(opcode: int, nodeid: int) -> tuple[int, bytes]:
+        """(errno, reply body) of the filesystem that does nothing."""
+        if opcode == abi.Op.GETATTR:
+            return 0, bodies["dir" if nodeid == 1 else "file"]
+        if opcode == abi.Op.LOOKUP:
+            return 0, bodies["entry"]
+        if opcode == abi.Op.GETXATTR:
+            return errno.ENODATA, b""
+        return errno.ENOSYS, b""
     queues = len(os.sched_getaffinity(0)) if transport == "dev" else _possible_cpus()
 
     class Loop(Session):
@@ -189,7 +187,7 @@ def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
                 _, opcode, unique, nodeid, *_ = unpack_in(hdr)
                 if opcode in (abi.Op.FORGET, abi.Op.BATCH_FORGET):
                     continue
-                err, body = answer(opcode, nodeid, bodies)
+                err, body = answer(opcode, nodeid)
                 os.writev(fd, [pack_out(16 + len(body), -err, unique), body])
 
         def _uring(self, qid: int, fd: int) -> None:
@@ -226,7 +224,7 @@ def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
                     v = views[i]
                     _, opcode, unique, nodeid, *_ = unpack_in(v, IN_OUT)
                     commit = struct.unpack_from("<Q", v, ENT + 8)[0]
-                    err, body = answer(opcode, nodeid, bodies)
+                    err, body = answer(opcode, nodeid)
                     pviews[i][:len(body)] = body
                     v[IN_OUT:IN_OUT + 16] = pack_out(16 + len(body), -err, unique)
                     struct.pack_into("<I", v, ENT + 16, len(body))
