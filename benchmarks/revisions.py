@@ -17,6 +17,7 @@ A diagnostic, not a `make bench` case: no targets, no results file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -38,6 +39,22 @@ def worktree(rev: str, where: Path) -> Path:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), rev],
                    check=True, capture_output=True)
     return path
+
+
+@contextlib.contextmanager
+def revision(tree: Path):
+    """The daemon (`python -m ckptfs`) runs the code of `tree` meanwhile."""
+    cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    os.chdir(tree)  # `python -m` puts its working directory first on sys.path
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
 
 
 def one_round(mp: Path, cases: list[str], files: int, n: int) -> dict[str, float]:
@@ -72,16 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     trees = {rev: worktree(rev, scratch) for rev in revs}
     res: dict[str, dict[str, list[float]]] = {rev: {} for rev in revs}
-    cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH")
     try:
         for rnd in range(args.rounds):
             for i, rev in enumerate(revs if rnd % 2 == 0 else revs[::-1]):
-                os.environ["PYTHONPATH"] = str(trees[rev])
-                os.chdir(trees[rev])  # `python -m ckptfs` puts its working directory first on sys.path
                 devices = file_devices(scratch / f"devices{i}", 2, 2 * GiB)
                 mp = scratch / f"mnt{i}"
                 try:
-                    with mounted(mp, devices, args.memory, extra=("--engine", args.engine)):
+                    with revision(trees[rev]), mounted(mp, devices, args.memory, extra=("--engine", args.engine)):
                         for k, v in one_round(mp, cases, args.files, args.n).items():
                             res[rev].setdefault(k, []).append(v)
                 finally:
@@ -89,11 +103,6 @@ def main(argv: list[str] | None = None) -> int:
                         d.unlink(missing_ok=True)
             print(f"round {rnd + 1} of {args.rounds} done", flush=True)
     finally:
-        os.chdir(cwd)
-        if pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = pythonpath
         for rev, tree in trees.items():
             if tree != ROOT:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],

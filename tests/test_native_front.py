@@ -408,7 +408,7 @@ def test_write_buffer_lends_runs_of_slots_and_shifts_them():
         with loop:
             h.close()
         assert arena.lent_slots == 0 and arena.free_slots == arena.nslots
-        assert request_chunks(16, 2) == 2 and request_chunks(2048, 2) == 4 and request_chunks(4, 4) == 1
+        assert request_chunks(16, 2, 16) == 2 and request_chunks(2048, 2, 16) == 16 and request_chunks(4, 4, 16) == 1
     finally:
         driver.call_sync(loop.uninstall)
         driver.kill()

@@ -238,9 +238,11 @@ def test_loop_lock_serializes_threads_with_the_trio_thread(tmp_path):
         driver.kill()
 
 
-def _mount_native(driver: Driver, mnt, threads: int = 2) -> NativeEngine:
+def _mount_native(driver: Driver, mnt, threads: int = 2, request_bytes: int = 4 * MiB) -> NativeEngine:
+    """A native mount of `driver`'s filesystem; requests of 4 chunks at most, as these tests expect."""
     driver.call_sync(driver.store.loop.install)
-    engine = NativeEngine(driver.afs, str(mnt), driver.token, threads=threads, loop=driver.store.loop)
+    engine = NativeEngine(driver.afs, str(mnt), driver.token, threads=threads, loop=driver.store.loop,
+                          request_bytes=request_bytes)
     engine.start()
     return engine
 

@@ -31,7 +31,7 @@ reader would (a RELEASE, which the kernel sends after close() returned, is
 never overtaken by the same file's next OPEN or RENAME: ckptfs commits a
 file at its RELEASE).
 
-Zero copy. Requests are up to `request_chunks` chunks (max_write, 4 MiB
+Zero copy. Requests are up to `request_chunks` chunks (max_write, 16 MiB
 with 1 MiB chunks, where the kernel's max_pages limit allows; one chunk
 otherwise). `write_buffer` (the session's hook, before each read) hands each
 worker a run of that many free arena slots, lent (`AsyncFilesystem.lend_slot`,
@@ -90,14 +90,20 @@ log = logging.getLogger("ckptfs.fuse.native")
 
 # Requests that wait for the devices, on the trio thread (given up only when the caller is killed).
 WAIT_FOR_DEVICES = frozenset({"fsync", "fsyncdir", "syncfs"})
-# Chunks per request (max_write), each read into its own lent slot: fewer, larger requests cost
-# less Python per GiB (docs/ENGINE.md). Fewer where the arena is small (`request_chunks`).
-REQUEST_CHUNKS = 4
-READ_CHUNKS = 16  # direct READs up to this many chunks (max_pages): a sync read() is one request at a time
+# Bytes per WRITE request (max_write), a whole number of chunks, each read into its own lent slot:
+# every request costs the same Python whatever its size, so fewer, larger requests cost less lock
+# time per GiB (docs/ENGINE.md). Fewer chunks where the arena is small (`request_chunks`).
+REQUEST_BYTES = 16 << 20
+READ_BYTES = 16 << 20  # direct READs up to this (max_pages): a sync read() is one request at a time
+
+
+def chunks_in(nbytes: int, chunk_size: int) -> int:
+    """Whole chunks in `nbytes` (at least one)."""
+    return max(1, nbytes // chunk_size)
 KILL_POLL = 0.1  # s: how often an interrupted request that waits looks whether its caller is being killed
 
 
-def request_chunks(nslots: int, threads: int, most: int = REQUEST_CHUNKS) -> int:
+def request_chunks(nslots: int, threads: int, most: int) -> int:
     """Chunks per request for an arena of `nslots`: at most a quarter of the slots lent to the workers."""
     return max(1, min(most, nslots // (4 * threads)))
 
@@ -420,7 +426,7 @@ class NativeEngine:
     request on the trio thread."""
 
     def __init__(self, afs: AsyncFilesystem, mountpoint: str, token, *, threads: int | None = None,
-                 loop: LoopLock | None = None, request_chunks_most: int = REQUEST_CHUNKS):
+                 loop: LoopLock | None = None, request_bytes: int = REQUEST_BYTES):
         threads = threads or default_threads()
         arena = afs.fs.arena
         self.loop = loop
@@ -429,12 +435,13 @@ class NativeEngine:
         # requests of several whole chunks; as root the max_pages sysctl is raised to one page more
         # (max_pages), so unaligned writers' requests stay whole chunks on the chunk grid and are
         # adopted too; where the limit is lower, as many whole chunks as fit (docs/ENGINE.md); and
-        # further, for direct READs of up to READ_CHUNKS chunks (a WRITE is still cut at max_write)
+        # further, for direct READs of up to READ_BYTES (a WRITE is still cut at max_write)
+        cs = arena.chunk_size
         self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
                                default_permissions=True, want=WANT,
-                               max_write=arena.chunk_size * request_chunks(arena.nslots, threads, request_chunks_most),
-                               grain=arena.chunk_size, raise_max_pages=root,
-                               max_read=arena.chunk_size * request_chunks(arena.nslots, threads, READ_CHUNKS),
+                               max_write=cs * request_chunks(arena.nslots, threads, chunks_in(request_bytes, cs)),
+                               grain=cs, raise_max_pages=root,
+                               max_read=cs * request_chunks(arena.nslots, threads, chunks_in(READ_BYTES, cs)),
                                write_buffer=self.handler.write_buffer,
                                after_reply=None if loop is None else loop.kick,
                                settle=loop, on_read=self.handler.on_read)

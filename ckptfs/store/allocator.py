@@ -61,6 +61,7 @@ class Allocator:
         self._split: dict[tuple[int, int], _Split] = {}  # (dev, unit) -> its pieces
         self._partial: dict[tuple[int, int], set[int]] = {}  # (dev, piece size) -> split units with a free piece
         self._free_pieces: dict[int, int] = {}  # piece size -> free pieces of split units, all devices
+        self._free_total = sum(self.units)  # free_units() of all devices (the reservation asks per write)
 
     @property
     def ndev(self) -> int:
@@ -69,7 +70,7 @@ class Allocator:
     def free_units(self, dev: int | None = None) -> int:
         """Whole units free (a split unit's free pieces do not count)."""
         if dev is None:
-            return sum(self.free_units(d) for d in range(self.ndev))
+            return self._free_total
         return self.units[dev] - self._fresh[dev] + len(self._freed[dev])
 
     def used_units(self) -> int:
@@ -120,6 +121,7 @@ class Allocator:
         return dev
 
     def _take(self, dev: int) -> int:
+        self._free_total -= 1
         if self._freed[dev]:
             return self._freed[dev].pop()
         unit = self._fresh[dev]
@@ -184,12 +186,14 @@ class Allocator:
         self._refs[key] = 1
 
     def _claim_unit(self, dev: int, unit: int) -> None:
+        self._free_total -= 1  # (undone below if it is taken already)
         if unit >= self._fresh[dev]:
             self._freed[dev].update(range(self._fresh[dev], unit))
             self._fresh[dev] = unit + 1
         elif unit in self._freed[dev]:
             self._freed[dev].remove(unit)
         else:
+            self._free_total += 1
             raise ValueError(f"device {dev} unit {unit} is in use already")
 
     def release(self, dev: int, addr: int) -> None:
@@ -203,6 +207,7 @@ class Allocator:
         sp = self._split.get((dev, unit))
         if sp is None:
             self._freed[dev].add(unit)
+            self._free_total += 1
             return
         sp.free.add(off)
         self._free_pieces[sp.size] += 1
@@ -211,6 +216,7 @@ class Allocator:
             del self._split[(dev, unit)]
             self._partial[(dev, sp.size)].discard(unit)
             self._freed[dev].add(unit)
+            self._free_total += 1
         else:
             self._partial.setdefault((dev, sp.size), set()).add(unit)
 
@@ -232,6 +238,7 @@ class Allocator:
             assert all((d, u * self.per_unit + off) in self._refs for off in taken), f"device {d} unit {u}"
             assert (u in self._partial.get((d, sp.size), ())) == bool(sp.free), f"device {d} unit {u} partial"
             pieces += len(taken)
+        assert self._free_total == sum(self.free_units(d) for d in range(self.ndev)), "free unit total"
         assert self.used_units() == len(self._refs) - pieces + len(self._split)
         assert ({k: v for k, v in free_pieces.items() if v} == {k: v for k, v in self._free_pieces.items() if v}), \
             "free piece counts"

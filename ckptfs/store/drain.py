@@ -27,7 +27,7 @@ Fetches read evicted chunks back into arena slots, in parallel across
 devices, and verify each chunk's crc32c: a mismatch is EIO and a logged
 error, never wrong bytes. Read-ahead for a sequential reader loads runs of
 chunks at consecutive units of one device with one task and one `preadv`
-(FETCH_RUN chunks at most), not a task and a thread hop per chunk.
+(FETCH_RUN_BYTES at most), not a task and a thread hop per chunk.
 
 It talks to the store through `DrainHost` (below): slots, unit allocation,
 and reports of what happened to each chunk.
@@ -51,9 +51,12 @@ from .allocator import Allocator
 from .device import BlockDevice, round_up
 
 log = logging.getLogger("ckptfs.drain")
-BATCH = 8  # chunks one worker writes per trip to a device (8 MiB at the default chunk size)
-READAHEAD = 16  # chunks loaded ahead of a sequential reader
-FETCH_RUN = 4  # chunks read ahead with one preadv at most (longer runs keep the reader waiting)
+# The units of work are sized in bytes, not chunks: each trip to a device costs the trio thread a
+# thread hop and its bookkeeping (~100-200 us of interpreter-lock time), so the larger the trip, the
+# less lock time per GiB, whatever the chunk size (docs/DESIGN.md, "The lock budget")
+BATCH_BYTES = 32 << 20  # one worker's write trip to a device: its runs of chunks, one pwritev each
+READAHEAD_BYTES = 64 << 20  # loaded ahead of a sequential reader
+FETCH_RUN_BYTES = 16 << 20  # read ahead with one preadv at most (longer runs keep the reader waiting)
 SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
 HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
@@ -100,6 +103,11 @@ class Drainer:
         self.tick = trio.Event()  # set when a partial batch waits for the ticker
         self.writes_started = trio.Event()
         self.nursery: trio.Nursery | None = None
+        cs, slots = host.chunk_size, host.arena.nslots
+        self.batch = max(1, BATCH_BYTES // cs)  # chunks a worker takes per trip
+        # chunks kept loading ahead of a reader (a quarter of the arena at most), and per preadv
+        self.readahead = max(2, min(READAHEAD_BYTES // cs, slots // 4))
+        self.fetch_run = max(1, min(FETCH_RUN_BYTES // cs, self.readahead // 4))
 
     # ---- queues ----------------------------------------------------------------
     def queue(self, chunk: Chunk) -> None:
@@ -119,7 +127,7 @@ class Drainer:
         # waits for this chunk; the ticker picks up partial batches a moment later. Only a
         # parked worker needs it: one busy or held at the gate looks at the queue when it comes
         # back (while a save streams in, a wake-up per chunk cost the trio thread more than the chunk)
-        if len(queue) >= BATCH or chunk.pins or not self.host.arena.free_slots:
+        if len(queue) >= self.batch or chunk.pins or not self.host.arena.free_slots:
             self.host.loop.unpark(self.work[dev], every=False)
         elif not self.tick.is_set():
             self.host.loop.soon(self._set_tick)
@@ -138,10 +146,10 @@ class Drainer:
     @property
     def in_flight(self) -> int:
         """Chunks taken by the workers."""
-        return sum(len(b) for b in self.flying.values())
+        return sum(map(len, self.flying.values()))
 
     def queued(self) -> int:
-        return sum(len(q) for q in self.ready)
+        return sum(map(len, self.ready))
 
     def undrained(self):
         """The chunks that will need device space: queued, or taken by a worker and not being
@@ -232,7 +240,7 @@ class Drainer:
                 await self.gate.wait()
                 continue
             batch = []
-            while queue and len(batch) < BATCH:
+            while queue and len(batch) < self.batch:
                 _, chunk = queue.popitem(last=False)
                 chunk.queued = False
                 if not chunk.drained and chunk.slot is not None and (chunk.live or chunk.pins):
@@ -367,19 +375,19 @@ class Drainer:
         self.host.hold(chunk, held)  # no checkpoint since it was placed: nothing evicted it meanwhile
 
     def read_ahead(self, data, idx: int) -> None:
-        """Sequential reads: keep the next READAHEAD chunks loading, in parallel across devices.
+        """Sequential reads: keep the next `readahead` chunks loading, in parallel across devices.
 
         Checked on every read but cheap: it acts only when the chunk half a window ahead is
         still on the devices, and only while the arena has room to spare.
         """
         if self.nursery is None:
             return
-        probe = data.chunks.get(idx + READAHEAD // 2)
+        probe = data.chunks.get(idx + self.readahead // 2)
         if probe is None or probe.slot is not None or id(probe) in self.fetching:
             return
-        if self.host.arena.free_slots + self.host.evictable() < 2 * READAHEAD:
+        if self.host.arena.free_slots + self.host.evictable() < 2 * self.readahead:
             return
-        chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + READAHEAD))
+        chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + self.readahead))
                   if c is not None and self._missing(c)]
         if chunks:
             self.host.loop.soon(self._prefetch, chunks)
@@ -394,7 +402,7 @@ class Drainer:
             if run:
                 last = run[-1].extent
                 if (dev != last.dev or unit != last.unit + self.host.alloc.per_unit or round_up(last.length) != cs
-                        or len(run) >= FETCH_RUN):
+                        or len(run) >= self.fetch_run):
                     self.nursery.start_soon(self._prefetch_run, run)
                     run = []
             run.append(c)

@@ -404,12 +404,15 @@ class Session:
         """`given` (the write_buffer hook's answer) as byte views cut at `payload_size`."""
         out, room = [], self.payload_size
         for buf in given:
-            buf = memoryview(buf).cast("B")
+            if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:  # (a byte view as it is)
+                buf = memoryview(buf).cast("B")
             if buf.readonly:
                 log.error("write_buffer gave a read-only buffer: using the worker's own")
                 return [own]
-            out.append(buf[:room])
-            room -= out[-1].nbytes
+            if buf.nbytes > room:
+                buf = buf[:room]
+            out.append(buf)
+            room -= buf.nbytes
             if not room:
                 return out
         log.error("write_buffer gave %d bytes; need %d: using the worker's own buffer",
