@@ -40,7 +40,7 @@ if [ "$BENCH" = 1 ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 | grep -v "^WARNING: Location" || true
   if ! "$VENV/bin/python" -c 'import deepspeed' >/dev/null 2>&1; then
     echo "ckptfs setup: deepspeed did not install; benchmarks will skip FastPersist" >&2
-    "$VENV/bin/pip" install -q --disable-pip-version-check "matplotlib>=3.8" 2>&1 | grep -v "^WARNING: Location" || true
+    "$VENV/bin/pip" install -q --disable-pip-version-check "matplotlib>=3.8" "py-spy>=0.3.14" 2>&1 | grep -v "^WARNING: Location" || true
   fi
   "$VENV/bin/python" -c 'import matplotlib' || { echo "ckptfs setup: matplotlib install failed" >&2; exit 1; }
   "$VENV/bin/python" -c 'import deepspeed' >/dev/null 2>&1 && {

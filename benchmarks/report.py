@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, human_rate, read_results, stats, verdict
 
-CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles", "replicate"]
+CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles", "replicate", "budget"]
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
@@ -201,11 +201,39 @@ def replicate_md(d: dict) -> str:
             table(["file size", "close -> replicated (s)"], lat))
 
 
+def budget_md(d: dict) -> str:
+    c = d["config"]
+    parts = [f"Engine {c['engine']}, chunk {c['chunk_size']}, median of {c['repeats']} rounds (min–max); "
+             f"seconds per GiB. Lock: the time the daemon held the interpreter lock "
+             f"({c.get('lock_probe') or 'not measured: py-spy missing'}), which caps one mount at 1 / lock "
+             f"GiB/s on any number of cores (the ceiling); split by thread: the trio thread / the FUSE "
+             f"workers / the worker threads (device I/O, crc32c). Drain = durable - absorb, same saves. "
+             f"Client: the saving or loading process's CPU. Drained: the share of the saves written to the "
+             f"devices during the pass."]
+    for kind, p in d["payloads"].items():
+        rows = []
+        for phase in ("absorb", "drain", "durable", "restore"):
+            f = p.get(phase)
+            if f is None:
+                continue
+            split = lambda k: " / ".join(f"{f[k][r]['median']:.3f}" for r in ("trio", "fuse", "threads"))  # noqa: E731
+            rows.append([phase, fs(f.get("gibps")), fs(f["user"], digits=3), split("user_roles"),
+                         fs(f["system"], digits=3), fs(f.get("lock"), digits=3), split("lock_roles"),
+                         fs(f.get("ceiling_gibps"), digits=1), fs(f.get("lock_us_per_request"), digits=0),
+                         fs(f.get("lock_us_per_chunk"), digits=0), fs(f["client"]), fs(f.get("drained"))])
+        parts.append(f"**{kind}**: {p['checkpoint_bytes'] / 2**20:.0f} MiB, {p['saves']} saves a pass\n\n" +
+                     table(["phase", "GiB/s", "user CPU", "user: trio / fuse / threads", "system CPU", "lock",
+                            "lock: trio / fuse / threads", "ceiling GiB/s", "lock us/request", "lock us/chunk",
+                            "client CPU", "drained"], rows))
+    return "\n\n".join(parts)
+
+
 SECTIONS = {"save": ("1. Save", save_md), "training": ("2. Training overhead", training_md),
             "restore": ("3. Restore", restore_md), "scale": ("4. Scale", scale_md),
             "samepath": ("5. Every step to the same path", samepath_md),
             "smallfiles": ("6. Small files and metadata", smallfiles_md),
-            "replicate": ("7. Replication to an object store", replicate_md)}
+            "replicate": ("7. Replication to an object store", replicate_md),
+            "budget": ("8. The lock budget", budget_md)}
 
 
 # --- plots ------------------------------------------------------------------------------------

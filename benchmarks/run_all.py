@@ -1,6 +1,6 @@
 """The benchmark suite (`make bench`): every case, then tables, plots and docs/PERFORMANCE.md.
 
-Runs benchmarks/<case>.py for save, training, restore, scale, samepath, smallfiles and replicate,
+Runs benchmarks/<case>.py for save, training, restore, scale, samepath, smallfiles, replicate and budget,
 each in its own process (its memory is returned before the next; a failing
 case does not stop the others), writing benchmarks/results/<case>.json.
 Then report.py turns whatever results exist into
@@ -34,6 +34,7 @@ QUICK = {
     "samepath": ["--repeats", "1", "--saves", "4", "--size", "128M"],
     "smallfiles": ["--repeats", "1", "--files", "50", "--n", "5"],
     "replicate": ["--repeats", "1", "--size", "256M", "--latency-size", "64M"],
+    "budget": ["--repeats", "1", "--saves", "4"],
 }
 
 
