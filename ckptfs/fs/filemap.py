@@ -46,8 +46,31 @@ BLOCK = 4096  # st_blocks counts whole blocks of this size, as ext4 does
 
 
 class Chunk:
-    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "queued", "busy", "again",
-                 "writing", "ino", "idx", "absorbed", "readers")
+    """One chunk of a file: where its bytes are, and where it stands in the drain.
+
+    Its bytes: `slot` (memory), `extent` (a device), or both; `hwm`, `gen`, `pins`, `readers`,
+    `live` as the module says. Its drain state belongs to the drain (store/drain.py) and changes
+    only through the transitions below, so "what may happen to a chunk now" has one answer:
+
+        state     meaning                                     enters by        leaves by
+        idle      in no queue, no worker holds it             -                enqueue(), take()
+        queued    in its device's queue                       enqueue()        dequeue() (stale),
+                                                                               take() (a worker)
+        busy      a drain worker holds it; its slot stays     take() -> True   release()
+                  the worker's until release(), even if the
+                  chunk is dropped meanwhile
+        writing   busy, its bytes of generation `writing`     start_write()    write_lost(),
+                  being written into device space the                          release()
+                  worker gave it
+        again     busy, and asked to drain meanwhile: queued  enqueue()        release() -> True
+                  once released                               while busy
+
+    Derived (read-only): `drained` (its extent holds its current bytes), `wanted` (its bytes still
+    matter: in a file, or held by a pending commit), `drainable`, `needs_space`.
+    """
+
+    __slots__ = ("slot", "hwm", "gen", "extent", "extent_gen", "pins", "live", "_queued", "_busy", "_again",
+                 "_writing", "ino", "idx", "absorbed", "readers")
 
     def __init__(self, slot: int | None, ino: int, idx: int):
         self.slot = slot
@@ -57,18 +80,91 @@ class Chunk:
         self.extent_gen = -1
         self.pins = 0
         self.live = True  # still in its file's map
-        self.queued = False  # waiting in the drain queue
-        self.busy = False  # taken by a drain worker: its slot must not be reused, nor the chunk taken again
-        self.again = False  # queued while busy: queued once that drain ends (if it left the chunk undrained)
-        self.writing = -1  # the generation a drain is writing to the device space it gave it (else -1)
+        self._queued = False
+        self._busy = False
+        self._again = False
+        self._writing = -1
         self.ino = ino
         self.idx = idx
         self.absorbed = 0  # bytes written since the last drain (accounting only)
         self.readers = 0  # replies in flight showing its slot
 
+    # ---- derived -------------------------------------------------------------------
     @property
     def drained(self) -> bool:
         return self.extent is not None and self.extent_gen == self.gen
+
+    @property
+    def wanted(self) -> bool:
+        """Its bytes still matter: it is in its file's map, or a pending commit holds it."""
+        return self.live or bool(self.pins)
+
+    @property
+    def drainable(self) -> bool:
+        """A drain would write something that matters: in memory, wanted, not on a device yet."""
+        return self.slot is not None and self.wanted and not self.drained
+
+    @property
+    def needs_space(self) -> bool:
+        """It will need device space it does not have: wanted, not drained, and not being written
+        as it is now (a copy in flight of an older generation does not count: reserve.py)."""
+        return self._writing != self.gen and not self.drained and self.wanted
+
+    @property
+    def queued(self) -> bool:
+        return self._queued
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    @property
+    def writing(self) -> int:
+        """The generation being written into device space a worker gave it, else -1."""
+        return self._writing
+
+    # ---- the drain's transitions -----------------------------------------------------
+    def enqueue(self) -> bool:
+        """Ask for a drain. True: it goes into its queue now (the caller puts it there). False:
+        nothing to queue (queued already, drained, or not in memory), or a worker holds it, and
+        it is queued when that worker lets go (`release`) rather than now, when a second worker
+        would write the same bytes."""
+        if self._queued or self.drained or self.slot is None:
+            return False
+        if self._busy:
+            self._again = True
+            return False
+        self._queued = True
+        return True
+
+    def dequeue(self) -> bool:
+        """Out of its queue without a drain (its bytes went stale); True if it was queued."""
+        was, self._queued = self._queued, False
+        return was
+
+    def take(self) -> bool:
+        """A drain worker takes it from its queue: True (busy now) when it still needs the drain."""
+        self._queued = False
+        if not self.drainable:
+            return False
+        self._busy = True
+        return True
+
+    def start_write(self) -> int:
+        """Its current bytes go into device space the worker gave it; their generation."""
+        self._writing = self.gen
+        return self.gen
+
+    def write_lost(self) -> None:
+        """That write failed (or its space was given back): it needs device space again."""
+        self._writing = -1
+
+    def release(self) -> bool:
+        """The worker lets go; True when it was asked to drain meanwhile (queue it again)."""
+        again = self._again
+        self._busy = self._again = False
+        self._writing = -1
+        return again
 
     def __repr__(self) -> str:
         return (f"Chunk(ino={self.ino}, idx={self.idx}, slot={self.slot}, hwm={self.hwm}, gen={self.gen}, "
@@ -153,7 +249,7 @@ class MemoryOwner:
     def read_done(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
             chunk.readers -= 1
-            if not (chunk.readers or chunk.live or chunk.pins) and chunk.slot is not None:
+            if not (chunk.readers or chunk.wanted) and chunk.slot is not None:
                 self.arena.free(chunk.slot)
                 chunk.slot = None
 

@@ -64,13 +64,12 @@ async def _read_chunk(store, version: Version, idx: int, buf: memoryview, pos: i
                                                 store.sbs[ext.dev].unit_offset(ext.unit),
                                                 limiter=store.limiters[ext.dev])
         except DeviceError:
-            store.stats[ext.dev].errors += 1
+            store.stats[ext.dev].failed()
             raise
-        store.stats[ext.dev].bytes_read += length
-        store.stats[ext.dev].reads += 1
+        store.stats[ext.dev].read(length)
         stats["device"] += ext.length
         if crc != ext.crc:
-            store.stats[ext.dev].errors += 1
+            store.stats[ext.dev].failed()
             raise ChecksumMismatch(f"checksum mismatch reading inode {version.ino} chunk {idx} from "
                                    f"{store.devices[ext.dev].path} unit {ext.unit} for replication")
     if plen > ext.length:

@@ -148,7 +148,7 @@ class Committer:
             self.unflushed.update(devs)
             for d, r in zip(devs, results):
                 if isinstance(r, outcome.Error) and isinstance(r.error, DeviceError):
-                    self.host.stats[d].errors += 1
+                    self.host.stats[d].failed()
             raise failed[0]
 
     async def _write_all(self, block, offset_of) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import crc32c
 import trio
@@ -61,6 +61,16 @@ SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves str
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
 HOLD_IDLE = 0.02  # absorb-first: writes paused this long (seconds) lets the drain go
 HOLD_POLL = 0.005  # the gatekeeper looks again at least this long after a look
+
+
+class Placement(NamedTuple):
+    """A chunk of a drain batch and the device space it was given, for its bytes as they were then
+    (generation `gen`, `hwm` valid bytes)."""
+    chunk: Chunk
+    dev: int
+    unit: int
+    gen: int
+    hwm: int
 
 
 class DrainHost(Protocol):
@@ -114,12 +124,8 @@ class Drainer:
         """Queue a chunk for its device (nothing if it is queued, drained or not in memory). A chunk
         a worker holds (busy) is queued when that drain ends, and only if it left the chunk
         undrained: queued now, a second worker would write the same bytes again."""
-        if chunk.queued or chunk.drained or chunk.slot is None:
+        if not chunk.enqueue():
             return
-        if chunk.busy:
-            chunk.again = True
-            return
-        chunk.queued = True
         dev = self.host.alloc.preferred(chunk.ino, chunk.idx)
         queue = self.ready[dev]
         queue[id(chunk)] = chunk
@@ -137,10 +143,9 @@ class Drainer:
 
     def unqueue(self, chunk: Chunk) -> bool:
         """Take a queued chunk back (its bytes went stale); True if it was queued."""
-        if not chunk.queued:
+        if not chunk.dequeue():
             return False
         self.ready[self.host.alloc.preferred(chunk.ino, chunk.idx)].pop(id(chunk), None)
-        chunk.queued = False
         return True
 
     @property
@@ -159,7 +164,7 @@ class Drainer:
             yield from q.values()
         for batch in self.flying.values():
             for c in batch:
-                if c.writing != c.gen and not c.drained and (c.live or c.pins):
+                if c.needs_space:
                     yield c
 
     def queued_bytes(self) -> int:
@@ -242,9 +247,7 @@ class Drainer:
             batch = []
             while queue and len(batch) < self.batch:
                 _, chunk = queue.popitem(last=False)
-                chunk.queued = False
-                if not chunk.drained and chunk.slot is not None and (chunk.live or chunk.pins):
-                    chunk.busy = True  # (its slot stays ours until the batch ends, even if it is dropped)
+                if chunk.take():  # (its slot stays ours until the batch ends, even if it is dropped)
                     batch.append(chunk)
             if not batch:
                 continue
@@ -254,7 +257,7 @@ class Drainer:
             except Exception as e:  # noqa: BLE001 - a bug must not stop the drain
                 log.exception("unexpected error draining %d chunk(s) of inode %d", len(batch), batch[0].ino)
                 for c in batch:
-                    c.writing = -1
+                    c.write_lost()
                 self.host.space_lost()
                 await self.host.retry_later(StoreFailing(f"internal error: {e}"))
                 for c in batch:
@@ -267,18 +270,16 @@ class Drainer:
         """A worker is done with its batch: free the slots of chunks dropped meanwhile, and queue
         those queued while it held them (written again, failed, or waiting for room)."""
         for chunk in batch:
-            chunk.busy = False
-            chunk.writing = -1
-            if not (chunk.live or chunk.pins or chunk.readers) and chunk.slot is not None:
+            again = chunk.release()
+            if not (chunk.wanted or chunk.readers) and chunk.slot is not None:
                 self.host.arena.free(chunk.slot)  # dropped while in flight: its slot is free now
                 chunk.slot = None
-            if chunk.again:
-                chunk.again = False
+            if again:
                 self.queue(chunk)
 
     async def _drain_batch(self, pref: int, batch: list[Chunk]) -> None:
         h = self.host
-        placed = []  # (chunk, dev, unit, gen, hwm)
+        placed: list[Placement] = []
         for i, chunk in enumerate(batch):
             try:
                 dev, unit = h.alloc.alloc(pref, chunk.hwm)
@@ -288,73 +289,71 @@ class Drainer:
                 for c in batch[i:]:
                     self.queue(c)
                 break
-            placed.append((chunk, dev, unit, chunk.gen, chunk.hwm))
-        runs: list[list[tuple]] = []
+            placed.append(Placement(chunk, dev, unit, chunk.gen, chunk.hwm))
+        runs: list[list[Placement]] = []  # each: consecutive units of one device, whole chunks but the last
         for p in placed:
-            chunk = p[0]
-            if chunk.slot is None or chunk.gen != p[3] or not (chunk.live or chunk.pins):
-                h.alloc.release(p[1], p[2])  # evicted, changed or dropped while we waited for room
+            chunk = p.chunk
+            if chunk.slot is None or chunk.gen != p.gen or not chunk.wanted:
+                h.alloc.release(p.dev, p.unit)  # evicted, changed or dropped while we waited for room
                 continue
             last = runs[-1][-1] if runs else None
-            if (last is not None and last[1] == p[1] and last[2] + h.alloc.per_unit == p[2]
-                    and round_up(last[4]) == h.chunk_size):
+            if (last is not None and last.dev == p.dev and last.unit + h.alloc.per_unit == p.unit
+                    and round_up(last.hwm) == h.chunk_size):
                 runs[-1].append(p)
             else:
                 runs.append([p])
-            chunk.writing = p[3]  # (the undrained count leaves it out while that is its generation)
+            chunk.start_write()  # (the undrained count leaves it out while that is its generation)
         # the views are taken now, before any await (the slots stay the batch's until it ends,
         # see worker). Each chunk's tail up to the next 4 KiB is zeroed here too, not in the
         # device thread: a write may extend the chunk in place while its drain runs (the copy is
         # then stale, but the new bytes must stay)
         for run in runs:
             for p in run:
-                _zero_tail(h.arena.view(p[0].slot), p[4])
+                _zero_tail(h.arena.view(p.chunk.slot), p.hwm)
         by_dev: dict[int, list] = {}  # (almost always one device: the batch's preferred one)
         for run in runs:
-            by_dev.setdefault(run[0][1], []).append((run, [h.arena.view(p[0].slot) for p in run]))
+            by_dev.setdefault(run[0].dev, []).append((run, [h.arena.view(p.chunk.slot) for p in run]))
         if len(by_dev) == 1:
             await self._write_runs(*next(iter(by_dev.items())))
         elif by_dev:
             await gather([(self._write_runs, dev, jobs) for dev, jobs in by_dev.items()])
 
-    async def _write_runs(self, dev: int, jobs: list[tuple[list[tuple], list[memoryview]]]) -> None:
+    async def _write_runs(self, dev: int, jobs: list[tuple[list[Placement], list[memoryview]]]) -> None:
         """Write runs of chunks bound for consecutive units of device `dev`, one pwritev each, all
         in one worker-thread job (a task and a thread hop per run cost the trio thread more than
         the device's queue depth gains: the device's other workers keep it busy)."""
         h = self.host
         stats = h.stats[dev]
-        stats.in_flight += 1
-        sharing = stats.in_flight  # I/Os sharing the device with these, roughly
+        sharing = stats.write_started()  # I/Os sharing the device with these, roughly
         try:
             results = await trio.to_thread.run_sync(
                 _checksum_and_write_runs, h.devices[dev],
-                [(views, [p[4] for p in run], h.sbs[dev].unit_offset(run[0][2])) for run, views in jobs],
+                [(views, [p.hwm for p in run], h.sbs[dev].unit_offset(run[0].unit)) for run, views in jobs],
                 limiter=h.limiters[dev])
         finally:
-            stats.in_flight -= 1
+            stats.write_ended()
         failed: list[tuple] = []
         for (run, _), result in zip(jobs, results):
             if isinstance(result, DeviceError):
-                stats.errors += 1
-                for chunk, d, unit, _, _ in run:
-                    h.alloc.release(d, unit)
-                    chunk.writing = -1  # it needs device space again
+                stats.failed()
+                for p in run:
+                    h.alloc.release(p.dev, p.unit)
+                    p.chunk.write_lost()  # it needs device space again
                 failed.append((run, result))
                 continue
             crcs, seconds = result
-            stats.writes += 1
-            stats.observe(sharing * sum(round_up(p[4]) for p in run), seconds)
-            for (chunk, d, unit, gen, hwm), crc in zip(run, crcs):
-                h.stats[d].bytes_written += round_up(hwm)
-                if chunk.gen != gen or not (chunk.live or chunk.pins) or chunk.extent is not None:
-                    h.alloc.release(d, unit)  # changed or dropped while in flight: this copy is stale
+            stats.wrote(sum(round_up(p.hwm) for p in run), seconds, sharing)
+            for p, crc in zip(run, crcs):
+                chunk = p.chunk
+                if chunk.gen != p.gen or not chunk.wanted or chunk.extent is not None:
+                    h.alloc.release(p.dev, p.unit)  # changed or dropped while in flight: this copy is stale
                     continue  # (a change queued it again if it is to drain: see queue)
-                h.drained(chunk, Extent(d, unit, hwm, crc))
+                h.drained(chunk, Extent(p.dev, p.unit, p.hwm, crc))
         if len(failed) < len(jobs):
             h.wrote(dev)
             h.wake()
         if failed:
-            chunks = [p[0] for run, _ in failed for p in run]
+            chunks = [p.chunk for run, _ in failed for p in run]
             h.space_lost()
             await h.retry_later(failed[0][1], [c.ino for c in chunks],
                                 f"drain of inode {chunks[0].ino} ({len(chunks)} chunk(s)) failed")
@@ -447,12 +446,11 @@ class Drainer:
                                                      [e.length for e in exts], h.sbs[dev].unit_offset(exts[0].unit),
                                                      limiter=h.limiters[dev])
             except DeviceError:
-                h.stats[dev].errors += 1
+                h.stats[dev].failed()
                 for slot in slots:
                     h.arena.free(slot)
                 raise
-            h.stats[dev].bytes_read += sum(len(v) for v in views)
-            h.stats[dev].reads += 1
+            h.stats[dev].read(sum(len(v) for v in views))
             for c, e, slot, crc in zip(run, exts, slots, crcs):
                 if not self._place(c, e, slot, crc):
                     log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
@@ -488,10 +486,9 @@ class Drainer:
                                                       limiter=h.limiters[ext.dev])
             except DeviceError:
                 h.arena.free(slot)
-                h.stats[ext.dev].errors += 1
+                h.stats[ext.dev].failed()
                 raise
-            h.stats[ext.dev].bytes_read += length
-            h.stats[ext.dev].reads += 1
+            h.stats[ext.dev].read(length)
             if not self._place(chunk, ext, slot, crc):
                 msg = (f"checksum mismatch reading inode {chunk.ino} chunk {chunk.idx} from "
                        f"{h.devices[ext.dev].path} unit {ext.unit}")
@@ -512,9 +509,9 @@ class Drainer:
         h = self.host
         if crc != ext.crc:
             h.arena.free(slot)
-            h.stats[ext.dev].errors += 1
+            h.stats[ext.dev].failed()
             return False
-        if chunk.extent is not ext or not (chunk.live or chunk.pins) or chunk.slot is not None:
+        if chunk.extent is not ext or not chunk.wanted or chunk.slot is not None:
             h.arena.free(slot)
         else:
             chunk.slot = slot

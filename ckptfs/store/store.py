@@ -11,12 +11,16 @@ records and file closes), and wires three parts that own their own state:
 
 The store itself owns the chunks' places (which are waiting to fill, which
 are cached on a device and may be evicted), the per-file drain errors, the
-counters, and the one retry policy (`retry_later`). State machine of a chunk:
+counters, and the one retry policy (`retry_later`). Where a chunk's bytes are:
 
-    DIRTY --(full, or captured by a commit, or memory pressure)--> QUEUED
-    QUEUED --(drain task: pwrite to a unit of its device)--> DRAINED (clean)
-    DRAINED --(arena needs room)--> EVICTED (slot freed; bytes on the device)
-    any --(written again)--> DIRTY (a pinned chunk is copied first)
+    in memory only (slot, not drained) --(its drain: full, captured by a commit,
+        or memory pressure)--> in memory and on a device (clean, in `lru`)
+    clean --(the arena needs room)--> on a device only (evicted: slot freed)
+    any --(written again)--> in memory only (a pinned chunk is copied first)
+
+and where it is in the drain (idle, queued, busy, writing, again) is the
+chunk's own state, changed only through its transitions (fs/filemap.py,
+`Chunk`), which the drain calls.
 
 No wasted bandwidth (promise 7): chunks deleted, truncated or rewritten
 before their turn leave the queue, and superseded commits are voided
@@ -64,6 +68,8 @@ MEMORY, DRAINING, DURABLE, FAILED = "memory", "draining", "durable", "failed"
 
 @dataclass
 class DeviceStats:
+    """One device's counters, moved only through the methods below (by the drain, the journal and
+    the replication's reads)."""
     bytes_written: int = 0
     bytes_read: int = 0
     writes: int = 0
@@ -73,6 +79,28 @@ class DeviceStats:
     in_flight: int = 0  # drain writes in flight now
     _window_bytes: int = field(default=0, repr=False, compare=False)  # observed since `bandwidth` last moved
     _window_s: float = field(default=0.0, repr=False, compare=False)
+
+    def write_started(self) -> int:
+        """A drain write goes to the device; the writes in flight there now, this one included."""
+        self.in_flight += 1
+        return self.in_flight
+
+    def write_ended(self) -> None:
+        self.in_flight -= 1
+
+    def wrote(self, nbytes: int, seconds: float, sharing: int = 1) -> None:
+        """A write of `nbytes` took `seconds`, `sharing` writes in flight meanwhile."""
+        self.writes += 1
+        self.bytes_written += nbytes
+        self.observe(sharing * nbytes, seconds)
+
+    def read(self, nbytes: int) -> None:
+        self.reads += 1
+        self.bytes_read += nbytes
+
+    def failed(self) -> None:
+        """An I/O error, or bytes read back whose checksum did not match."""
+        self.errors += 1
 
     def observe(self, nbytes: int, seconds: float) -> None:
         """A write of `nbytes` (times the writes sharing the device) took `seconds`. The estimate
@@ -322,7 +350,7 @@ class Store:
             chunk.readers -= 1
             if chunk.readers or chunk.slot is None:
                 continue
-            if not (chunk.live or chunk.pins or chunk.busy):
+            if not (chunk.wanted or chunk.busy):
                 self.arena.free(chunk.slot)  # dropped while a reply still showed it
                 chunk.slot = None
                 self.wake()
