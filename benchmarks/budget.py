@@ -43,10 +43,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import (ROOT, SCRATCH, GiB, MiB, ckptfs, clear_dir, drop_caches, file_devices, finish, fsync_path, machine, now,
-                    parse_size, stat_user_system, stats, target)
+from common import (SCRATCH, GiB, MiB, ckptfs, clear_dir, drop_caches, file_devices, finish, fsync_path, machine,
+                    now, parse_size, remove_worktrees, revision, stat_user_system, stats, target, worktree)
 from lockprobe import LockProbe
-from revisions import revision, worktree
 
 ROLES = ("trio", "fuse", "threads")
 # issue 40's targets: lock seconds per GiB (a ceiling of 12, 20 and 12 GiB/s), user CPU through durable
@@ -299,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 s["rounds"] = rounds[rev]
                 results[rev][kind] = s
     finally:
-        for tree in trees.values():
-            if tree != ROOT:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+        remove_worktrees(trees)
     if len(revs) > 1:
         for rev in revs:
             print(f"\n=== {rev}")

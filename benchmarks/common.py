@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: running the CLI, mounts, machine facts, statistics, results files.
 
-Every case module (save, training, restore, scale, samepath) and the older
-absorb/drain scripts build on these:
+Every case module (save, training, restore, scale, samepath, smallfiles,
+replicate, budget), drain.py and the probes (probes/) build on these:
 
   * ckptfs(...) runs the CLI; mounted(...) is a context manager that mounts
     over fresh devices and always unmounts;
@@ -360,3 +360,39 @@ def finish(name: str, data: dict, ratios: dict | None = None) -> int:
 def read_results(name: str) -> dict | None:
     p = RESULTS / f"{name}.json"
     return json.loads(p.read_text()) if p.exists() else None
+
+
+# --- revisions side by side (budget.py --revs, probes/revisions.py) ------------------------------
+
+def worktree(rev: str, where: Path) -> Path:
+    """The tree to run `rev` from: this checkout for `.`, else a fresh worktree of it."""
+    if rev == ".":
+        return ROOT
+    path = where / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), rev],
+                   check=True, capture_output=True)
+    return path
+
+
+@contextlib.contextmanager
+def revision(tree: Path):
+    """The daemon (`python -m ckptfs`) runs the code of `tree` meanwhile."""
+    cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    os.chdir(tree)  # `python -m` puts its working directory first on sys.path
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
+
+
+def remove_worktrees(trees: dict) -> None:
+    """Remove the worktrees `worktree` made (not this checkout)."""
+    for tree in trees.values():
+        if tree != ROOT:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)

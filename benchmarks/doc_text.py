@@ -168,7 +168,7 @@ serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
 however many writers there are. The native engine serves WRITEs on as many
 threads as the process has CPUs, and most of its {_num(absorb_native)} s per GiB is the
 kernel's copy into the arena, done in each worker's `readv` with the GIL
-released (`benchmarks/threadcpu.py --user-system` splits it by thread: on this
+released (`benchmarks/probes/threadcpu.py --user-system` splits it by thread: on this
 VM 0.18-0.21 s of system time in the FUSE workers, which leaves 0.04-0.07 s
 per GiB under the 0.25 target for everything else). The 8-saver targets are for a machine
 with a core per saver (`benchmarks/node/run.sh`). Durable bandwidth over throttled loop devices is
@@ -198,7 +198,7 @@ cores at SCHED_IDLE or nice 19, the bare training step took 10-20% longer,
 not 2.5 times; nor is the S3 server's disk (with its data on tmpfs: 2.72 and
 1.99 before, 2.76 and 1.62 after). What costs the trainer is the S3 server
 itself, on the same two cores: SeaweedFS spends 12-17 CPU s per GiB it stores
-(`python benchmarks/s3cost.py`: 512 MiB in 8 MiB parts, 10 at once, whatever
+(`python benchmarks/probes/s3cost.py`: 512 MiB in 8 MiB parts, 10 at once, whatever
 the client's signing and checksum settings), about 2.4 CPU s per checkpoint; at idle priority it still
 runs whenever the trainer's threads wait for each other, and shares their
 caches and memory bandwidth (the S3 server column: {_num(s3_server, ".3f")} s per step with a

@@ -58,16 +58,16 @@ python benchmarks/scale.py --parts absorb --saver torch --engines "$engines" "${
 python benchmarks/restore.py --readers 1,4 --engines "$engines" "${restore[@]}" 2>&1 | tee "$out/restore.log"
 # where the native engine's CPU goes with 8 ranks saving at once, and how many WRITE pieces it copied
 # (docs/ENGINE.md "Not done yet": concurrent writers)
-python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 4 --saves 2 --writers 8 --memory 8G 2>&1 \
+python benchmarks/probes/threadcpu.py --tensor-mib 64.5 --tensors 4 --saves 2 --writers 8 --memory 8G 2>&1 \
     | tee "$out/threadcpu.log" || true
 # FUSE passthrough vs READ replies for data in memory, and the price of staging a file into a memfd
 # (docs/ENGINE.md "Not done yet": passthrough)
-python benchmarks/passthrough.py --size 1G --readers 8 --threads "$cores" --repeats 2 2>&1 \
+python benchmarks/probes/passthrough.py --size 1G --readers 8 --threads "$cores" --repeats 2 2>&1 \
     | tee "$out/passthrough.log" || true
 # the round trip over /dev/fuse against FUSE over io_uring, callers and queue threads on one CPU and not
 # (docs/ENGINE.md "Not done yet": FUSE over io_uring)
 for placement in "" "--pin" "--client-cpu 1" "--client-cpu 1 --pin"; do
     read -r -a opts <<< "$placement"
-    python benchmarks/uringfloor.py --n 5000 --rounds 4 "${opts[@]}" 2>&1 | tee -a "$out/uringfloor.log" || true
+    python benchmarks/probes/uringfloor.py --n 5000 --rounds 4 "${opts[@]}" 2>&1 | tee -a "$out/uringfloor.log" || true
 done
 python benchmarks/report.py >/dev/null 2>&1 || true

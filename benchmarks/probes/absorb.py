@@ -1,4 +1,4 @@
-"""Absorb benchmark (`make bench`): how fast does a write into ckptfs return?
+"""Absorb: how fast does a write into ckptfs return (a probe: `make bench` measures it in save.py)?
 
 Two measures, each taken into a ckptfs mount and into /dev/shm (tmpfs, the
 fastest a file write can be on this machine), interleaved in one run so
@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from common import GiB, ROOT, file_devices, machine, mounted, random_state_dict, stats, write_bytes, write_results
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import GiB, ROOT, file_devices, machine, mounted, random_state_dict, stats, write_bytes, write_results  # noqa: E402
 
 RAW_BLOCK = 64 << 20
 TARGET_RATIO = 1.2

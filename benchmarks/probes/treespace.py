@@ -12,7 +12,7 @@ format version 3 a small chunk takes a piece of a unit (docs/FORMAT.md);
 `--format-version 2` rewrites the fresh pool's superblocks as version 2,
 whose chunks each take a whole unit, for a side-by-side figure.
 
-    .venv/bin/python benchmarks/treespace.py [--engine native] [--copies 1] [--format-version 2]
+    .venv/bin/python benchmarks/probes/treespace.py [--engine native] [--copies 1] [--format-version 2]
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import GiB, MiB, ROOT, SCRATCH, ckptfs, file_devices, mounted, sync_mount
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import GiB, MiB, ROOT, SCRATCH, ckptfs, file_devices, mounted, sync_mount  # noqa: E402
 
 
 def tree_bytes(root: Path) -> tuple[int, int]:

@@ -12,49 +12,23 @@ revision taken round by round. The way to measure a change on a noisy
 machine: two runs of one revision an hour apart differ more than the change.
 A diagnostic, not a `make bench` case: no targets, no results file.
 
-    .venv/bin/python benchmarks/revisions.py --revs 83bbc43,. --rounds 6 --cases meta,lightning,hf-trainer
+    .venv/bin/python benchmarks/probes/revisions.py --revs 83bbc43,. --rounds 6 --cases meta,lightning,hf-trainer
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import smallfiles
-from common import ROOT, SCRATCH, GiB, file_devices, mounted, pairwise, stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+import smallfiles  # noqa: E402
+from common import ROOT, SCRATCH, GiB, file_devices, mounted, pairwise, remove_worktrees, revision, stats, worktree
 
 CASES = ["meta", *smallfiles.CASES]
-
-
-def worktree(rev: str, where: Path) -> Path:
-    """The tree to run `rev` from: this checkout for `.`, else a fresh worktree of it."""
-    if rev == ".":
-        return ROOT
-    path = where / rev.replace("/", "_")
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), rev],
-                   check=True, capture_output=True)
-    return path
-
-
-@contextlib.contextmanager
-def revision(tree: Path):
-    """The daemon (`python -m ckptfs`) runs the code of `tree` meanwhile."""
-    cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree)
-    os.chdir(tree)  # `python -m` puts its working directory first on sys.path
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
-        if pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = pythonpath
 
 
 def one_round(mp: Path, cases: list[str], files: int, n: int) -> dict[str, float]:
@@ -103,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                         d.unlink(missing_ok=True)
             print(f"round {rnd + 1} of {args.rounds} done", flush=True)
     finally:
-        for rev, tree in trees.items():
-            if tree != ROOT:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+        remove_worktrees(trees)
     first = revs[0]
     print(f"engine {args.engine}, {args.rounds} rounds; microseconds: median (runs); ratio to {first}, round by round")
     for k in res[first]:

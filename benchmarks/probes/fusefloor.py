@@ -14,7 +14,7 @@ development VM (2026-12-01) the floor was 270-900 us median for stat, with
 (an idle vCPU woken by an IPI); `--pin` (server and client on CPU 0, no
 cross-CPU wake-up) took it to 100-150 us. Run as root (mount(2)).
 
-    .venv/bin/python benchmarks/fusefloor.py [--threads 2] [--n 3000] [--pin]
+    .venv/bin/python benchmarks/probes/fusefloor.py [--threads 2] [--n 3000] [--pin]
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ import errno
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from common import ROOT, SCRATCH
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import ROOT, SCRATCH  # noqa: E402
 
 CLIENT = r"""
 import os, statistics, sys, time

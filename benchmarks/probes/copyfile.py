@@ -10,7 +10,7 @@ made (the native engine's counts; `copy_file_range` 1 means the daemon copied
 it in one request, `write` N means the kernel spliced it through N WRITEs).
 A diagnostic, not a `make bench` case: no targets, no results file.
 
-    .venv/bin/python benchmarks/copyfile.py --size 256M --rounds 3
+    .venv/bin/python benchmarks/probes/copyfile.py --size 256M --rounds 3
 """
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from common import GiB, SCRATCH, file_devices, mounted, pairwise, parse_size, rotated, sync_mount
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import GiB, SCRATCH, file_devices, mounted, pairwise, parse_size, rotated, sync_mount  # noqa: E402
 
 EXT4 = "ext4"
 COPIERS = {"cp": lambda a, b: subprocess.run(["cp", str(a), str(b)], check=True),

@@ -25,7 +25,7 @@ round. The mounts go through ckptfs's protocol session (mount(2) and INIT;
 the io_uring one also asks for FUSE_OVER_IO_URING), so run as root. The
 module parameter is switched on for the run and restored after.
 
-    .venv/bin/python benchmarks/uringfloor.py [--n 5000] [--rounds 3]
+    .venv/bin/python benchmarks/probes/uringfloor.py [--n 5000] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
-from common import ROOT, SCRATCH
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import ROOT, SCRATCH  # noqa: E402
 from fusefloor import CLIENT
 
 ENABLE = "/sys/module/fuse/parameters/enable_uring"

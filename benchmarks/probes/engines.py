@@ -32,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (GiB, ROOT, drop_caches, file_devices, finish, machine, mounted, proc_cpu_seconds,
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import (GiB, ROOT, drop_caches, file_devices, finish, machine, mounted, proc_cpu_seconds,  # noqa: E402
                     random_state_dict, rotated, stats, sync_mount, target)
 
 ENGINES = ("pyfuse3", "native")

@@ -25,7 +25,7 @@ into a memfd fallocated first, and into a pre-faulted anonymous buffer (what
 ckptfs's arena is). Not a `make bench` case: no targets. Needs root; on a kernel that does not offer
 FUSE_PASSTHROUGH it says so and measures `read` alone.
 
-    .venv/bin/python benchmarks/passthrough.py [--size 1G] [--readers 4] [--threads 2] [--repeats 3]
+    .venv/bin/python benchmarks/probes/passthrough.py [--size 1G] [--readers 4] [--threads 2] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, SCRATCH, GiB, MiB, drop_caches, parse_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import ROOT, SCRATCH, GiB, MiB, drop_caches, parse_size  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 

@@ -16,8 +16,8 @@ default) the saves are in one process, so the figures also say what one rank
 costs; `--writers N`: N processes save at once, each into its own files (the
 ranks of a node), and the saving processes' CPU is theirs together.
 
-    .venv/bin/python benchmarks/threadcpu.py --tensor-mib 20.25 --tensors 8 --saves 20
-    .venv/bin/python benchmarks/threadcpu.py --tensor-mib 64.5 --tensors 8 --saves 4 --writers 4 --memory 6G
+    .venv/bin/python benchmarks/probes/threadcpu.py --tensor-mib 20.25 --tensors 8 --saves 20
+    .venv/bin/python benchmarks/probes/threadcpu.py --tensor-mib 64.5 --tensors 8 --saves 4 --writers 4 --memory 6G
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_user_system, sync_mount
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_user_system, sync_mount  # noqa: E402
 
 
 def thread_cpu(pid: int, split: bool = False) -> dict[str, float]:

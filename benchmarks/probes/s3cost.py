@@ -12,7 +12,7 @@ required, the payload signed, as botocore always does over http), `default`
 (boto3's defaults: a CRC32 of each part as well), `unsigned+crc32` and
 `unsigned` (`payload_signing_enabled` off: no SHA-256 of the payload).
 
-    python benchmarks/s3cost.py [--size 512M] [--repeats 2]
+    python benchmarks/probes/s3cost.py [--size 512M] [--repeats 2]
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import ROOT, proc_cpu_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py and the cases
+from common import ROOT, proc_cpu_seconds  # noqa: E402
 
 from ckptfs.sizes import parse_size
 
