@@ -29,7 +29,7 @@ Not asked for: WRITEBACK_CACHE (the page cache in front halves absorb throughput
 the field notes), SPLICE_* (the readv/writev path needs no splice), POSIX_LOCKS/FLOCK
 (the kernel handles locks locally), PASSTHROUGH (needs backing files; ckptfs does not use it:
 see docs/ENGINE.md; a server that asks for it gets max_stack_depth 1, without which the
-kernel ignores the flag, and benchmarks/passthrough.py measures it),
+kernel ignores the flag, and benchmarks/probes/passthrough.py measures it),
 DIRECT_IO_ALLOW_MMAP (a filesystem's choice: ckptfs's native_ops.WANT adds it), SETXATTR_EXT,
 SECURITY_CTX, CREATE_SUPP_GROUP (request extensions nobody here uses), HAS_RESEND.
 """
