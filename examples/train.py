@@ -6,8 +6,10 @@ other directory and the code is the same. That is the point of ckptfs.
 The model is an MLP on synthetic data, sized by --params-mb. Every
 --save-every steps it saves {'model', 'optim', 'step'} with torch.save to a
 temporary name, renames it into place (so a crash never leaves a half-written
-stepNNNNNN.pt), and deletes older checkpoints so the last two remain. Each
-save prints how long training was blocked by it.
+stepNNNNNN.pt), and deletes older checkpoints so the last two remain; with
+--fsync it first flushes the file to disk, as a careful script does when the
+checkpoint must be on disk once the save returns. Each save prints how long
+training was blocked by it.
 
     python examples/train.py --save-dir /ckpt --steps 100 --save-every 10
     python examples/train.py --save-dir /ckpt --steps 200 --save-every 10 --resume
@@ -15,6 +17,7 @@ save prints how long training was blocked by it.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -55,10 +58,17 @@ def checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(save_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> Path:
+def save_checkpoint(save_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer,
+                    fsync: bool = False) -> Path:
     path = save_dir / f"step{step:06d}.pt"
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step}, tmp)
+    if fsync:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     tmp.replace(path)
     for _, old in checkpoints(save_dir)[:-KEEP]:
         old.unlink()
@@ -87,6 +97,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="train until this step")
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--fsync", action="store_true", help="fsync each checkpoint before renaming it into place")
     p.add_argument("--params-mb", type=float, default=64, help="model size in MiB of fp32 parameters")
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=64)
@@ -116,12 +127,13 @@ def main() -> None:
         step_times.append(time.perf_counter() - t0)
         print(f"step {step}: loss {loss.item():.4f}, {step_times[-1]:.3f} s", flush=True)
         if step % args.save_every == 0:
+            started = time.time()
             t0 = time.perf_counter()
-            path = save_checkpoint(args.save_dir, step, model, optim)
+            path = save_checkpoint(args.save_dir, step, model, optim, args.fsync)
             save_times.append(time.perf_counter() - t0)
             size_mb = path.stat().st_size / 2**20
             print(f"step {step}: saved {path.name} ({size_mb:.1f} MiB) in {save_times[-1]:.3f} s "
-                  f"({size_mb / save_times[-1]:.0f} MiB/s)", flush=True)
+                  f"({size_mb / save_times[-1]:.0f} MiB/s), started at {started:.3f}", flush=True)
 
     if step_times:
         print(f"done: {len(step_times)} steps, median step {statistics.median(step_times):.3f} s", flush=True)
