@@ -7,7 +7,7 @@ from mounting import CkptMount, HAVE_FUSE, default_engine
 # Real-mount suites run once per FUSE front end (tests ask for it through the `engine`
 # fixture, which their mounts use). CKPTFS_TEST_ENGINE=pyfuse3|native runs one engine only,
 # and every other mount test with that engine.
-BOTH_ENGINES = {"test_posix", "test_writers", "test_ext4_parity", "test_durability"}
+BOTH_ENGINES = {"test_posix", "test_writers", "test_ext4_parity", "test_mount_durability"}
 
 
 def pytest_collection_modifyitems(config, items):

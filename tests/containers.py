@@ -177,11 +177,3 @@ class SharedDir:
         while mount_types(self.path):
             if subprocess.run(["umount", "-l", str(self.path)], capture_output=True).returncode != 0:
                 break
-
-
-def wait_for(pred, timeout: float, what: str, on_timeout=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{on_timeout()}")
-        time.sleep(0.1)

@@ -23,6 +23,7 @@ import time
 
 from ckptfs.fuse.kernel import abi
 from ckptfs.fuse.kernel.replies import AttrOut, CreateOut, DirentBuffer, EntryOut, OpenOut, StatfsOut, WriteOut, Attr
+from waiting import poll
 
 CHUNK = 1 << 20
 ZERO = memoryview(bytes(CHUNK))
@@ -60,7 +61,7 @@ class MemFS:
         self.negotiated = None
         self.tls = threading.local()
         self.adopted = self.copied = 0
-        self.fsyncs = self.syncfs_calls = 0
+        self.fsyncs = 0
         self.slow_entered = threading.Event()
         self.released = threading.Event()
         self.holding = threading.Event()  # a HOLD_XATTR getxattr is in its handler
@@ -374,8 +375,7 @@ class MemFS:
             self.fsyncs += 1
 
     def syncfs(self, req):
-        with self.lock:
-            self.syncfs_calls += 1
+        return None  # nothing to write: the data lives in memory
 
     def statfs(self, req):
         with self.lock:
@@ -436,13 +436,9 @@ class MemFS:
                 return b"released" if self.released.wait(30) else b"timed out"
         if req.name == SLOW_XATTR:
             self.slow_entered.set()
-            deadline = time.monotonic() + 10
             with self.session.waiting():  # the INTERRUPT must be read by another worker
-                while time.monotonic() < deadline:
-                    if self.session.interrupted(req.unique):
-                        raise _err(errno.EINTR)
-                    time.sleep(0.01)
-            raise _err(errno.ETIMEDOUT)
+                interrupted = poll(lambda: self.session.interrupted(req.unique), None, timeout=10, every=0.01)
+            raise _err(errno.EINTR if interrupted else errno.ETIMEDOUT)
         with self.lock:
             value = self._node(req.nodeid).xattrs.get(req.name)
             if value is None:
@@ -460,10 +456,13 @@ class MemFS:
                 raise _err(errno.ENODATA)
 
 
-def serve(mountpoint: str, threads: int = 4, **session_options):
-    from ckptfs.fuse.kernel.session import Session
+def serve(mountpoint: str, threads: int = 4, *, settle=None, after_reply=None, **config):
+    """MemFS mounted at `mountpoint` by a Session of `threads` workers (`config`: more SessionConfig
+    fields; `settle`, `after_reply`: its hooks), started."""
+    from ckptfs.fuse.kernel.session import Session, SessionConfig, SessionHooks
     fs = MemFS()
-    s = Session(fs, mountpoint, threads=threads, write_buffer=fs.write_buffer, **session_options)
+    s = Session(fs, mountpoint, SessionConfig(threads=threads, **config),
+                SessionHooks(write_buffer=fs.write_buffer, settle=settle, after_reply=after_reply))
     fs.session = s
     s.mount()
     s.start()

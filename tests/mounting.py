@@ -18,11 +18,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-import pytest
+from waiting import poll
 
 HAVE_FUSE = os.path.exists("/dev/fuse") and os.geteuid() == 0
 ENGINES = ("pyfuse3", "native")
@@ -33,7 +32,6 @@ def default_engine() -> str:
     if engine not in ENGINES:
         raise ValueError(f"CKPTFS_TEST_ENGINE={engine!r}: expected one of {', '.join(ENGINES)}")
     return engine
-needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 
 
 def ckptfs(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -49,18 +47,6 @@ def is_mounted(path: str | Path) -> bool:
     path = os.path.realpath(str(path))
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == path for line in f)
-
-
-def poll(fn, what: str, timeout: float = 60.0, every: float = 0.05):
-    """fn()'s first truthy value, checked every `every` seconds; fails after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def make_devices(root: Path, n: int, size: int, prefix: str = "dev") -> list[Path]:
@@ -132,7 +118,7 @@ class CkptMount:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _wait_gone(self.pid)
+            poll(lambda: exited(self.pid), None, timeout=30, every=0.02)  # then clear the mount, gone or not
             self.pid = None
         if clear:
             self.clear_stale()
@@ -157,13 +143,10 @@ class CkptMount:
         assert not is_mounted(self.path)
 
 
-def _wait_gone(pid: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1][0] == "Z":
-                    return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.02)
+def exited(pid: int) -> bool:
+    """Process `pid` has exited: gone, or a zombie (a daemon is not our child: init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] == "Z"
+    except (OSError, IndexError):
+        return True

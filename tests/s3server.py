@@ -21,10 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from waiting import poll
 
 PROBE_BUCKET = "ckptfs-probe"  # start() reads an object from here: the server really serves
 ACCESS_KEY = "ckptfs-test"
@@ -89,15 +90,15 @@ class S3Server:
         self.log = open(self.root / "weed.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
-            if self._answers() and self._serves():
-                return
-            time.sleep(0.2)
-        self.kill()
-        raise RuntimeError(f"weed did not answer on {self.endpoint} within {timeout}s")
+
+        def killed() -> str:
+            self.kill()
+            return f"killed it; its log: {self.root / 'weed.log'}"
+
+        poll(lambda: self.proc.poll() is not None or (self._answers() and self._serves()),
+             f"weed to answer on {self.endpoint}", timeout, every=0.2, on_timeout=killed)
+        if self.proc.returncode is not None:
+            raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.root / 'weed.log'}")
 
     def _answers(self) -> bool:
         try:

@@ -23,6 +23,7 @@ import pytest
 
 import containers as C
 from mounting import ckptfs, make_devices
+from waiting import poll
 
 pytestmark = [pytest.mark.container, pytest.mark.mount, pytest.mark.timeout(1500)]
 
@@ -77,8 +78,8 @@ class Sidecar:
         return C.is_live_ckptfs(self.mountpoint) and os.stat(self.mountpoint).st_uid == 1000
 
     def wait_live(self, timeout: float = 90) -> None:
-        C.wait_for(lambda: self.ready() or not self.running(), timeout,
-                   f"the sidecar's mount at {self.mountpoint}", self.logs)
+        poll(lambda: self.ready() or not self.running(), f"the sidecar's mount at {self.mountpoint}", timeout,
+             every=0.1, on_timeout=self.logs)
         assert self.ready(), f"the sidecar exited:\n{self.logs()}"
 
     def running(self) -> bool:
@@ -199,7 +200,7 @@ def test_sigkill_leaves_stale_mount_new_sidecar_starts_over_it(images, world):
     digest = sha256(ckpt_dir / "step000004.pt")
 
     C.podman("kill", "-s", "KILL", first.name)
-    C.wait_for(lambda: not first.running(), 30, "the killed sidecar to be gone")
+    poll(lambda: not first.running(), "the killed sidecar to be gone", 30, every=0.1)
     assert first.exit_code() == 137
     assert C.is_stale(ckpt_dir), "a SIGKILLed sidecar should leave a dead mount behind"
 
@@ -256,10 +257,10 @@ def test_compose_file_sidecar_and_trainer(images, world, loop_devices, tmp_path)
     try:
         res = run("up", "-d")
         assert res.returncode == 0, res.stdout + res.stderr
-        C.wait_for(lambda: C.podman("inspect", "--format", "{{.State.Status}}", trainer,
-                                    check=False).stdout.strip() == "exited", 300, "the trainer to finish",
-                   lambda: C.podman("logs", trainer, check=False).stdout + C.podman("logs", sidecar,
-                                                                                     check=False).stderr)
+        poll(lambda: C.podman("inspect", "--format", "{{.State.Status}}", trainer,
+                              check=False).stdout.strip() == "exited", "the trainer to finish", 300, every=0.1,
+             on_timeout=lambda: C.podman("logs", trainer, check=False).stdout + C.podman("logs", sidecar,
+                                                                                         check=False).stderr)
         out = C.podman("logs", trainer).stdout
         code = C.podman("inspect", "--format", "{{.State.ExitCode}}", trainer).stdout.strip()
         assert code == "0", out

@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
 
-from mounting import HAVE_FUSE, ckptfs, is_mounted, make_devices
+from mounting import ckptfs, is_mounted, make_devices
+from waiting import poll
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRYPOINT = REPO / "docker" / "entrypoint.py"
@@ -50,15 +50,20 @@ def start(env: dict, *args: str) -> subprocess.Popen:
 
 
 def wait_live(mp: Path, proc: subprocess.Popen, timeout: float = 60, owner=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Until the entrypoint's mount is live (E.health); fails with its output if it exits first, or
+    kills it and fails with its output after `timeout` seconds."""
+    def state():
         if E.health(str(mp), owner)[0]:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the entrypoint exited ({proc.returncode}):\n{proc.stdout.read()}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"not live after {timeout} s:\n{proc.stdout.read()}")
+            return "live"
+        return "exited" if proc.poll() is not None else None
+
+    def killed_output():
+        proc.kill()
+        return proc.stdout.read()
+
+    if poll(state, f"the entrypoint's mount at {mp} to be live", timeout, every=0.1,
+            on_timeout=killed_output) == "exited":
+        raise AssertionError(f"the entrypoint exited ({proc.returncode}):\n{proc.stdout.read()}")
 
 
 def stop(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
@@ -191,7 +196,6 @@ def setting(tmp_path):
 
 
 @pytest.mark.mount
-@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_formats_blank_devices_serves_and_drains_on_sigterm(setting):
     devs, mp, env, procs = setting
     env["CKPTFS_OWNER"] = "1234:1234"
@@ -221,7 +225,6 @@ def test_formats_blank_devices_serves_and_drains_on_sigterm(setting):
 
 
 @pytest.mark.mount
-@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(setting, s3, tmp_path):
     from s3seed import publish
     devs, mp, env, procs = setting
@@ -249,7 +252,6 @@ def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(setti
 
 
 @pytest.mark.mount
-@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_clears_a_killed_daemons_stale_mount_and_keeps_the_pool(setting):
     devs, mp, env, procs = setting
     p = start(env)
@@ -273,7 +275,6 @@ def test_clears_a_killed_daemons_stale_mount_and_keeps_the_pool(setting):
 
 
 @pytest.mark.mount
-@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_if_needed_never_formats_over_foreign_data(setting):
     devs, mp, env, procs = setting
     with open(devs[1], "r+b") as f:
@@ -287,7 +288,6 @@ def test_if_needed_never_formats_over_foreign_data(setting):
 
 
 @pytest.mark.mount
-@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and root")
 def test_refuses_to_mount_over_a_live_mount(setting, tmp_path):
     devs, mp, env, procs = setting
     p = start(env)

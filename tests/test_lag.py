@@ -25,7 +25,8 @@ import pytest
 
 from ckptfs.ops.control import Client, control_path
 from lag_writer import body, step_of
-from mounting import CkptMount, poll
+from mounting import CkptMount
+from waiting import poll
 
 pytestmark = pytest.mark.mount
 WRITER = Path(__file__).with_name("lag_writer.py")

@@ -26,7 +26,6 @@ FlakyStrategyDefinition, which hides the original error.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import shutil
@@ -44,7 +43,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from ext4 import ext4_tmpdir
 from mounting import CkptMount
 from nobody import as_user
-from syscalls import copy_range, fallocate
+from syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, copy_range, fallocate, renameat2
 
 CHUNK = 64 << 10
 MAX_FDS = 6
@@ -88,8 +87,7 @@ LONG_NAME_OPS = {
 }
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-RENAME_FLAGS = [1, 2]  # RENAME_NOREPLACE, RENAME_EXCHANGE
+RENAME_FLAGS = [RENAME_NOREPLACE, RENAME_EXCHANGE]
 # fallocate modes: allocate, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE, ZERO_RANGE | KEEP_SIZE
 FALLOC_MODES = [0, 0x01, 0x03, 0x10, 0x11]
 
@@ -110,13 +108,6 @@ def holes_read_as_zeros(fd: int) -> None:
             return
         pos = os.lseek(fd, data, os.SEEK_HOLE)
         assert data < pos <= size
-
-
-def renameat2(old: str, new: str, flags: int) -> None:
-    if _libc.syscall(ctypes.c_long(316), -100, os.fsencode(old), -100, os.fsencode(new),  # x86_64
-                     ctypes.c_uint(flags)) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), old)
 
 
 @pytest.fixture(scope="module", params=["256M", "1M"], ids=["roomy", "tight-memory"])

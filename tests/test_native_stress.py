@@ -27,6 +27,7 @@ import pytest
 
 from ckptfs.fuse.native import NativeEngine
 from inproc import Driver, PathOps, make_devices
+from waiting import poll
 
 pytestmark = pytest.mark.mount
 
@@ -196,9 +197,7 @@ def test_loop_lock_serializes_threads_with_the_trio_thread(tmp_path):
             for _ in range(3):
                 loop.soon(lambda: ran.append(threading.get_ident()))
             assert not ran
-        deadline = time.monotonic() + 5
-        while len(ran) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll(lambda: len(ran) >= 3, None, timeout=5, every=0.01)
         assert ran == [trio_thread] * 3
 
         afs = driver.afs

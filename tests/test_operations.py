@@ -26,7 +26,8 @@ import pytest
 
 import ckptfs
 import nobody
-from mounting import CkptMount, ckptfs as run_cli, is_mounted, make_devices, poll
+from mounting import CkptMount, ckptfs as run_cli, is_mounted, make_devices
+from waiting import poll
 from throttle import Throttle
 
 pytestmark = pytest.mark.mount
@@ -519,9 +520,8 @@ def test_a_closed_file_is_committed_once_its_writer_pauses_with_no_other_wake_up
     for i in range(5):
         f = ckpt.path / f"idle{i}.bin"
         f.write_bytes(os.urandom(300_000))
-        deadline = time.monotonic() + 30
-        while ckptfs.state(f) not in ("durable", "replicated") and time.monotonic() < deadline:
-            time.sleep(0.2)  # idle: no request until the next look
+        # a look every 0.2 s: the mount stays idle in between, no request wakes anything
+        poll(lambda: ckptfs.state(f) in ("durable", "replicated"), None, timeout=30, every=0.2)
         states.append(ckptfs.state(f))
     assert states == ["durable"] * 5
     assert status_json(ckpt)["engine_stats"]["lock_settled_wakes"] > before

@@ -5,7 +5,6 @@ fresh directory of its own, so tests stay independent.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import mmap
@@ -19,23 +18,9 @@ import pytest
 from ckptfs.format.layout import plan
 from mounting import ckptfs, reachable_mount
 from syscalls import (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
-                      copy_range, fallocate)
+                      RENAME_EXCHANGE, RENAME_NOREPLACE, copy_range, fallocate, renameat2)
 
 pytestmark = pytest.mark.mount
-
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-SYS_renameat2 = 316  # x86_64
-AT_FDCWD = -100
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def renameat2(old, new, flags: int) -> None:
-    rc = _libc.syscall(ctypes.c_long(SYS_renameat2), ctypes.c_int(AT_FDCWD), os.fsencode(str(old)),
-                       ctypes.c_int(AT_FDCWD), os.fsencode(str(new)), ctypes.c_uint(flags))
-    if rc != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), str(old))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import os
 import pytest
 
 from mounting import CkptMount, ckptfs, is_mounted
+from waiting import poll
 from test_replicate import bucket, check_complete, manifests, replicating, replication  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.mount
@@ -192,10 +193,8 @@ def test_two_writers_of_one_generation_the_first_stays_and_the_second_stops(s3, 
 
         rep.target.list = racing_list
         driver.call_sync(driver.nursery.start_soon, rep.run)
-        deadline = time.monotonic() + 60
-        while driver.call_sync(lambda: rep.conflict) is None:
-            assert time.monotonic() < deadline, driver.call_sync(rep.statistics)
-            time.sleep(0.1)
+        poll(lambda: driver.call_sync(lambda: rep.conflict) is not None, "the conflict", 60, every=0.1,
+             on_timeout=lambda: driver.call_sync(rep.statistics))
         stats = driver.call_sync(rep.statistics)
     finally:
         driver.kill()

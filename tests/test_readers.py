@@ -8,13 +8,11 @@ import threading
 import time
 
 from ckptfs.fuse.kernel.readers import Readers
+from waiting import poll
 
 
 def settle(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.001)
+    poll(pred, "the readers to settle", timeout, every=0.001)
 
 
 class Worker:

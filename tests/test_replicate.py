@@ -20,7 +20,8 @@ import crc32c
 import pytest
 
 from ckptfs.replicate.manifest import Manifest, manifest_generation
-from mounting import CkptMount, ckptfs, is_mounted, poll
+from mounting import CkptMount, ckptfs, is_mounted
+from waiting import poll
 
 pytestmark = pytest.mark.mount
 MiB = 1 << 20

@@ -23,7 +23,8 @@ from ckptfs.fs.filemap import FileData
 from ckptfs.fs.remote import NeedsRestore, Remote
 from ckptfs.replicate import plan
 from ckptfs.replicate.manifest import Entry, Manifest
-from mounting import CkptMount, ckptfs, is_mounted, needs_fuse, poll
+from mounting import CkptMount, ckptfs, is_mounted
+from waiting import poll
 
 CS = 1 << 20
 
@@ -238,7 +239,6 @@ def source(s3, tmp_path, monkeypatch, request):
 
 
 @pytest.mark.mount
-@needs_fuse
 def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source):
     _tree(source.tree)
     source.publish()
@@ -271,7 +271,6 @@ def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source):
 
 
 @pytest.mark.mount
-@needs_fuse
 def test_torch_load_works_at_once_while_the_background_restore_is_slow(source):
     import torch
     tree = source.tree
@@ -297,7 +296,6 @@ def test_torch_load_works_at_once_while_the_background_restore_is_slow(source):
 
 
 @pytest.mark.mount
-@needs_fuse
 def test_sigkill_mid_restore_then_a_plain_remount_continues_bit_exact(source):
     tree = source.tree
     big = os.urandom(32 * CS + 99)
@@ -337,7 +335,6 @@ def test_sigkill_mid_restore_then_a_plain_remount_continues_bit_exact(source):
 
 
 @pytest.mark.mount
-@needs_fuse
 def test_a_corrupt_chunk_on_the_server_is_eio_and_status_names_the_cause(source):
     data = os.urandom(4 * CS)
     (source.tree / "f.bin").write_bytes(data)
@@ -362,7 +359,6 @@ def test_a_corrupt_chunk_on_the_server_is_eio_and_status_names_the_cause(source)
 
 
 @pytest.mark.mount
-@needs_fuse
 def test_bad_restore_input_is_one_line_exit_2_and_nothing_changes(s3, source, monkeypatch):
     (source.tree / "x").write_bytes(b"x")
     source.publish()
@@ -474,7 +470,7 @@ def test_a_crash_while_the_tree_is_built_restarts_the_restore_on_a_fresh_pool(so
     devices = make_faulty(2, 16 << 20)
     first = _assemble(devices, format=True, restore_from=source.url, s3_endpoint=source.s3.endpoint)
 
-    async def half_built(mount):  # what a crash in the middle of build_tree leaves committed
+    async def half_built(mount):  # what a crash in the middle of tree.build leaves committed
         mount.fs.ns.setxattr(1, plan.SOURCE_XATTR, plan.Source(source.url, source.s3.endpoint, 1).encode())
         mount.fs.mkdir(1, b"junk", 0o755, 0, 0)
         await mount.store.sync(1)
@@ -523,7 +519,7 @@ def test_a_remount_without_the_object_store_serves_what_is_local_and_fails_the_r
         with pytest.raises(FsError) as e:
             await _read_all(mount, b"f.bin")
         assert e.value.errno == errno.EIO and "cannot reach the object store" in str(e.value)
-        snap = mount.restorer.snapshot()
+        snap = mount.restorer.statistics()
         assert snap["state"] == "loading" and "cannot reach the object store" in snap["last_error"]
 
     _serve(again, check)
@@ -563,6 +559,6 @@ def test_a_corrupt_chunk_fails_alone_its_neighbours_in_the_same_get_are_restored
             assert e.value.errno == errno.EIO and "checksum mismatch" in str(e.value) and "chunk 2" in str(e.value)
         finally:
             await mount.afs.release(fh)
-        assert "chunk 2" in r.snapshot()["last_error"]
+        assert "chunk 2" in r.statistics()["last_error"]
 
     _serve(mount, check)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mounting import CkptMount, poll
+from mounting import CkptMount
+from waiting import poll
 
 pytestmark = pytest.mark.mount
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "train.py"

@@ -26,8 +26,8 @@ from ckptfs.ops.monitor import Histogram, Monitor
 from ckptfs.fs.namespace import ROOT_INO
 from ckptfs.ops.status import file_states, snapshot
 
-import mounting
 import nobody
+import waiting
 from faulty import FaultyDevice, Power
 from inproc import CTX, Driver, PathOps, make_devices
 
@@ -60,7 +60,7 @@ def gated(n=2, size=8 << 20):
     return [GatedDevice(size, f"mem{i}", power=power) for i in range(n)]
 
 
-poll = functools.partial(mounting.poll, timeout=20.0, every=0.02)
+poll = functools.partial(waiting.poll, timeout=20.0, every=0.02)
 
 
 class Env:

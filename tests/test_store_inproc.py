@@ -8,6 +8,7 @@ import pytest
 
 from faulty import crash_all, image_all
 from inproc import Driver, PathOps, make_devices
+from waiting import poll
 
 
 def fresh(n=2, dev_size=8 << 20, **kw):
@@ -26,10 +27,7 @@ def hold_writes(devs) -> threading.Event:
 
 def wait_for_drain(d, started) -> None:
     """Poll `started()` in the trio thread until it holds (10 s at most)."""
-    deadline = time.monotonic() + 10
-    while not d.call_sync(started):
-        assert time.monotonic() < deadline, "the drain never started"
-        time.sleep(0.005)
+    poll(lambda: d.call_sync(started), "the drain to start", timeout=10, every=0.005)
 
 
 def test_unmount_then_remount_keeps_everything():

@@ -23,7 +23,8 @@ from ckptfs.replicate.client import NO_BUCKET, UPLOADER, NoSuchUpload, S3Error
 from ckptfs.replicate.manifest import BadManifest, manifest_name, parse_url
 from ckptfs.replicate.partmem import PartMemory
 from ckptfs.replicate.uploader_proc import Uploader
-from mounting import CkptMount, ckptfs, poll
+from mounting import CkptMount, ckptfs
+from waiting import poll
 from test_replicate import bucket, check_complete, manifests, replicating, replication  # noqa: F401 - fixture
 
 MiB = 1 << 20

@@ -4,7 +4,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 
@@ -12,8 +11,9 @@ import psutil
 import pytest
 
 from faulty import flip_byte
-from mounting import CkptMount, is_mounted, poll
+from mounting import CkptMount, exited, is_mounted
 from syscalls import FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, copy_range, fallocate
+from waiting import poll
 
 pytestmark = pytest.mark.mount
 
@@ -139,16 +139,19 @@ def test_enospc_when_devices_are_full_then_usable_after_delete(ckpt_factory):
     assert e.value.errno == errno.ENOSPC
     os.unlink(m.path / "too-big")
     os.sync()
-    deadline = time.monotonic() + 30
-    while True:  # space comes back once the delete is journaled
+
+    def fits() -> bool:
         try:
             random_file(m.path / "fits", 8 << 20, seed=4)
             with open(m.path / "fits", "rb+") as f:
                 os.fsync(f.fileno())
-            break
         except OSError as err:
-            assert err.errno == errno.ENOSPC and time.monotonic() < deadline
-            time.sleep(0.5)
+            if err.errno != errno.ENOSPC:
+                raise
+            return False
+        return True
+
+    poll(fits, "space to come back once the delete is journaled", timeout=30, every=0.5)
     assert same_as_seed(m.path / "fits", 8 << 20, seed=4)
     assert m.umount().returncode == 0
     m.mount()
@@ -353,8 +356,7 @@ def test_sigterm_unmounts_drains_and_closes_clean(ckpt):
     random_file(ckpt.path / "a", 12 << 20, seed=7)
     pid = ckpt.pid
     os.kill(pid, signal.SIGTERM)
-    poll(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-         "the daemon to exit after SIGTERM")
+    poll(lambda: exited(pid), "the daemon to exit after SIGTERM")
     ckpt.pid = None
     assert not is_mounted(ckpt.path)
     log = ckpt.log_text()
@@ -362,14 +364,3 @@ def test_sigterm_unmounts_drains_and_closes_clean(ckpt):
     ckpt.mount()
     assert _status(ckpt)["recovery"]["clean"] is True
     assert same_as_seed(ckpt.path / "a", 12 << 20, seed=7)
-
-
-def test_plain_sync_makes_a_closed_file_durable_if_the_kernel_sends_syncfs(ckpt, engine):
-    if engine != "native":
-        pytest.skip("pyfuse3 (libfuse 3.14) does not serve SYNCFS")
-    (ckpt.path / "a").write_bytes(b"s" * (3 << 20))
-    subprocess.run(["sync"], check=True)
-    if " syncfs " not in ckpt.log_text():
-        pytest.skip("the kernel sent no SYNCFS for `sync`: it does so only for connections that set "
-                    "sync_fs (virtiofs), not for /dev/fuse mounts (docs/ENGINE.md)")
-    assert os.getxattr(ckpt.path / "a", "user.ckptfs.state") == b"durable"
