@@ -6,8 +6,8 @@ the GIL, so samples / rate is the time the lock was held over the window,
 whatever the number of cores: its inverse per GiB is the most one daemon can
 move per second, however many threads wait for it. Checked against a known
 load (`python benchmarks/lockprobe.py --check`): two threads holding the lock
-30% and 20% of the time measured 0.46 of a second per second against 0.48 CPU
-seconds (2-core VM). With `--threads` each sample names its thread, so the
+30% and 20% of the time measured 0.46-0.50 of a second per second against
+0.48 CPU seconds (2-core VM). With `--threads` each sample names its thread, so the
 time splits by role: the trio thread, the FUSE workers, the worker threads
 (device I/O, crc32c, the journal).
 

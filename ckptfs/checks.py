@@ -18,6 +18,8 @@ FUSE_DEVICE = "/dev/fuse"
 
 @dataclass(frozen=True)
 class DevicePath:
+    """One device the user named, as `check_devices` found it: the path given, its real path,
+    whether it is a block device (else a regular file), and its size in bytes."""
     path: str
     real: str
     is_block: bool

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from .fs.arena import DEFAULT_CHUNK
 from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
@@ -34,37 +35,57 @@ def _log_path(mountpoint: str) -> str:
     return os.path.join(base, "ckptfs" + mountpoint.replace("/", "-") + ".log")
 
 
-def _check_log_file(args, mp: str) -> None:
-    """Settle the daemon's log file and check it can be written (without creating it yet),
-    before anything is changed."""
-    args.log_file = os.path.abspath(args.log_file or _log_path(mp))
-    where = args.log_file if os.path.exists(args.log_file) else os.path.dirname(args.log_file)
-    if not os.path.isdir(os.path.dirname(args.log_file)):
+def _log_file(given: str | None, mp: str) -> str:
+    """The daemon's log file (--log-file or the default for the mountpoint), checked writable
+    without creating it yet."""
+    path = os.path.abspath(given or _log_path(mp))
+    where = path if os.path.exists(path) else os.path.dirname(path)
+    if not os.path.isdir(os.path.dirname(path)):
         problem = "its directory does not exist"
-    elif os.path.isdir(args.log_file):
+    elif os.path.isdir(path):
         problem = "it is a directory"
     elif not os.access(where, os.W_OK):
         problem = "permission denied"
     else:
-        return
-    raise UsageError(f"cannot write the log file {args.log_file}: {problem}", 1)
+        return path
+    raise UsageError(f"cannot write the log file {path}: {problem}", 1)
 
 
-def _mount(args) -> int:
-    from .daemon import MountConfig, serve
+@dataclass(frozen=True)
+class RestorePlan:
+    """--restore-from, checked: the manifest chosen (its generation and chunk size) and the pool the
+    new one continues (None where the daemon was started by a checked mount and only carries on)."""
+    url: str
+    generation: int
+    chunk_size: int | None
+    pool: str | None = None
 
+
+@dataclass(frozen=True)
+class MountPlan:
+    """A `ckptfs mount` command, checked: everything the mount acts on, settled before anything
+    changes (a bad option is one line and exit 2, with the devices untouched)."""
+    mountpoint: str
+    devices: list  # checks.Device, checked
+    memory: int
+    chunk: int  # --chunk-size, the default, or the restored manifest's
+    log_file: str | None  # the detached daemon's log (None: --foreground)
+    max_lag: float
+    restore: RestorePlan | None
+    replication: dict  # MountConfig fields (replication.py's options), empty without --replicate
+
+
+def _plan_mount(args) -> MountPlan:
+    """Check every option of `ckptfs mount`, in the order a user fixes them; nothing is changed."""
     memory = parse_size(args.memory, what="--memory")
-    if args.chunk_size is not None:
-        _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
+    given_chunk = None if args.chunk_size is None else _chunk_size(args.chunk_size)
     check_memory(memory)
     mp = check_mountpoint(args.mountpoint)
-    if not args.foreground:
-        _check_log_file(args, mp)
+    log_file = None if args.foreground else _log_file(args.log_file, mp)
     check_fuse_device()
     devices = check_devices(args.devices)
-    _check_restore(args)  # may settle --chunk-size: a restore uses the manifest's
-    args.chunk_size = args.chunk_size or str(DEFAULT_CHUNK)
-    chunk = _chunk_size(args) if args.format else parse_size(args.chunk_size, what="--chunk-size")
+    restore = _restore_plan(args, given_chunk)
+    chunk = (restore.chunk_size if restore is not None and restore.chunk_size else given_chunk) or DEFAULT_CHUNK
     if args.queue_depth < 1:
         raise UsageError(f"bad --queue-depth {args.queue_depth}: must be at least 1")
     if args.threads is not None and args.threads < 1:
@@ -75,39 +96,50 @@ def _mount(args) -> int:
             raise UsageError("--engine pyfuse3: pyfuse3 is not installed (pip install 'ckptfs[pyfuse3]'; "
                              "it needs libfuse3's headers and a C compiler)")
     max_lag = _max_lag(args.max_lag)
-    replication = _replication(args)
-    from .store.pool import open_pool
+    replication = _replication(args, chunk, restore.pool if restore is not None else None)
     if args.format and memory < 2 * chunk:
-        raise UsageError(f"--memory {args.memory} is too small for --chunk-size {args.chunk_size}: "
-                         f"the memory must hold at least 2 chunks")
+        what = f"--chunk-size {args.chunk_size}" if chunk == given_chunk else f"chunks of {chunk} bytes"
+        raise UsageError(f"--memory {args.memory} is too small for {what}: the memory must hold at least 2 chunks")
+    return MountPlan(mp, devices, memory, chunk, log_file, max_lag, restore, replication)
+
+
+def _mount(args) -> int:
+    from .daemon import MountConfig, serve
+    from .store.pool import open_pool
+
+    plan = _plan_mount(args)
+    paths = [d.path for d in plan.devices]
     if args.format:
         # here, not in the daemon: a refusal (another filesystem, too small) reaches the
         # terminal, and --force can override it as for `ckptfs format`
         from .format.layout import DEFAULT_JOURNAL_HALF
-        _format_devices(devices, chunk, DEFAULT_JOURNAL_HALF, args.force)
-    open_pool([d.path for d in devices]).close()  # refuse a bad pool here, with its message
-    cfg = MountConfig(mountpoint=mp, devices=[d.path for d in devices], memory=memory, chunk_size=chunk,
+        _format_devices(plan.devices, plan.chunk, DEFAULT_JOURNAL_HALF, args.force)
+    open_pool(paths).close()  # refuse a bad pool here, with its message
+    if not args.foreground:
+        return _spawn_daemon(args, plan)
+    restore = plan.restore
+    cfg = MountConfig(mountpoint=plan.mountpoint, devices=paths, memory=plan.memory, chunk_size=plan.chunk,
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
                       fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
-                      max_lag=max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
+                      max_lag=plan.max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
                       metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads,
-                      restore_from=args.restore_from, restore_generation=args.restore_generation,
+                      restore_from=restore.url if restore else None,
+                      restore_generation=restore.generation if restore else None,
                       s3_endpoint=args.s3_endpoint, restore_concurrency=args.restore_concurrency,
                       restore_rate=parse_size(args.restore_rate, what="--restore-rate") if args.restore_rate else None,
-                      **replication)
-    if args.foreground:
-        from .ops.logs import setup
-        # detached (--ready-fd), the daemon's stderr is its log file already
-        to_file = args.log_file if args.log_file and args.ready_fd is None else None
-        setup(args.log_level, filename=to_file, json_lines=args.log_format == "json")
-        return serve(cfg)
-    return _spawn_daemon(args, mp)
+                      **plan.replication)
+    from .ops.logs import setup
+    # detached (--ready-fd), the daemon's stderr is its log file already
+    to_file = args.log_file if args.log_file and args.ready_fd is None else None
+    setup(args.log_level, filename=to_file, json_lines=args.log_format == "json")
+    return serve(cfg)
 
 
-def _check_restore(args) -> None:
+def _restore_plan(args, given_chunk: int | None) -> RestorePlan | None:
     """--restore-from: a well-formed URL, a reachable store with a manifest under the prefix, and
     --format (a restore builds a new pool); one line and exit 2 otherwise, before anything changes.
-    Pins the manifest (`restore_generation`, handed to the daemon) and the chunk size to its."""
+    Pins the manifest (its generation, handed to the daemon) and the chunk size to its. None:
+    no restore (none asked, or --restore-if-any and nothing replicated yet)."""
     if args.s3_endpoint is not None and not args.s3_endpoint.startswith(("http://", "https://")):
         raise UsageError(f"bad --s3-endpoint {args.s3_endpoint!r}: expected http://HOST[:PORT] or https://...")
     if args.restore_concurrency < 1:
@@ -117,17 +149,17 @@ def _check_restore(args) -> None:
     if args.restore_from is None:
         if args.restore_if_any:
             raise UsageError("--restore-if-any needs --restore-from")
-        return
+        return None
     from .replicate.client import Target
     from .replicate.manifest import parse_url
-    from .replicate.restore import NothingReplicated, SourceError, load_manifest
+    from .replicate.tree import NothingReplicated, SourceError, load_manifest
 
     try:
         url = parse_url(args.restore_from)
     except ValueError as e:
         raise UsageError(f"bad --restore-from: {e}") from None
-    if args.restore_generation is not None:
-        return  # the daemon started by a checked mount
+    if args.restore_generation is not None:  # the daemon started by a checked mount
+        return RestorePlan(args.restore_from, args.restore_generation, None)
     if not args.format:
         raise UsageError("--restore-from builds a new pool from the object store: add --format (it erases the "
                          "devices); to go on with an interrupted restore, mount without --restore-from")
@@ -138,24 +170,23 @@ def _check_restore(args) -> None:
             raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
         print(f"ckptfs mount: nothing replicated under {url} yet: formatting an empty pool (--restore-if-any)",
               file=sys.stderr)
-        args.restore_from = None
-        return
+        return None
     except SourceError as e:
         raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
-    chunk = str(manifest.chunk_size)
-    if args.chunk_size is not None and parse_size(args.chunk_size, what="--chunk-size") != manifest.chunk_size:
+    if given_chunk is not None and given_chunk != manifest.chunk_size:
         raise UsageError(f"--chunk-size {args.chunk_size} differs from the chunk size of the manifest "
                          f"({manifest.chunk_size} bytes): a restore uses the manifest's (leave --chunk-size out)")
-    args.chunk_size = chunk
-    args.restore_generation = manifest.generation
-    args.restore_pool = manifest.pool  # the pool this one will continue (replicate/lineage.py)
+    # manifest.pool: the pool this one will continue (replicate/lineage.py)
+    return RestorePlan(args.restore_from, manifest.generation, manifest.chunk_size, manifest.pool)
 
 
-def _spawn_daemon(args, mp: str) -> int:
-    log_path = args.log_file  # checked by _check_log_file
+def _spawn_daemon(args, plan: MountPlan) -> int:
+    """Start the daemon detached, with the options `plan` settled (it is checked already: it skips
+    the object store's check and the format), and wait for its "OK" or its error."""
+    log_path = plan.log_file
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "ckptfs", "mount", mp, "--devices", args.devices,
-           "--memory", args.memory, "--chunk-size", args.chunk_size, "--foreground",
+    cmd = [sys.executable, "-m", "ckptfs", "mount", plan.mountpoint, "--devices", args.devices,
+           "--memory", args.memory, "--chunk-size", str(plan.chunk), "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
            "--max-lag", args.max_lag, "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
            "--log-format", args.log_format, "--metrics-addr", args.metrics_addr, "--engine", args.engine]
@@ -165,8 +196,8 @@ def _spawn_daemon(args, mp: str) -> int:
         cmd += ["--metrics-port", str(args.metrics_port)]
     if args.force_recover:
         cmd.append("--force-recover")
-    if args.restore_from is not None:  # checked, and its manifest chosen, by _check_restore
-        cmd += ["--restore-from", args.restore_from, "--restore-generation", str(args.restore_generation)]
+    if plan.restore is not None:
+        cmd += ["--restore-from", plan.restore.url, "--restore-generation", str(plan.restore.generation)]
     if args.s3_endpoint is not None:
         cmd += ["--s3-endpoint", args.s3_endpoint]
     if args.restore_rate is not None:
@@ -188,7 +219,7 @@ def _spawn_daemon(args, mp: str) -> int:
     with os.fdopen(r, "rb") as pipe:
         reply = pipe.read().decode(errors="replace").strip()
     if reply == "OK":
-        print(f"ckptfs mounted at {mp} (daemon pid {proc.pid}, log {log_path})")
+        print(f"ckptfs mounted at {plan.mountpoint} (daemon pid {proc.pid}, log {log_path})")
         return 0
     try:
         proc.wait(timeout=10)
@@ -202,7 +233,7 @@ def _spawn_daemon(args, mp: str) -> int:
 def _format(args) -> int:
     from .format.layout import DEFAULT_JOURNAL_HALF
 
-    chunk = _chunk_size(args)
+    chunk = _chunk_size(args.chunk_size)
     half = parse_size(args.journal_size, what="--journal-size") // 2 if args.journal_size else DEFAULT_JOURNAL_HALF
     half = max(1 << 20, half // 4096 * 4096)
     devices = check_devices(args.devices)
@@ -216,11 +247,11 @@ def _format(args) -> int:
     return 0
 
 
-def _chunk_size(args) -> int:
-    """--chunk-size, parsed once; a stripe unit must be a power of two of at least 4K."""
-    chunk = parse_size(args.chunk_size, what="--chunk-size")
+def _chunk_size(text: str) -> int:
+    """--chunk-size: a stripe unit is a power of two of at least 4K."""
+    chunk = parse_size(text, what="--chunk-size")
     if chunk < 4096 or chunk & (chunk - 1):
-        raise UsageError(f"bad --chunk-size {args.chunk_size}: must be a power of two of at least 4K")
+        raise UsageError(f"bad --chunk-size {text}: must be a power of two of at least 4K")
     return chunk
 
 
@@ -357,7 +388,7 @@ def _max_lag(text: str) -> float:
     return lag
 
 
-def _replication(args) -> dict:
+def _replication(args, chunk: int, restored_pool: str | None) -> dict:
     """The --replicate options, checked (one line, exit 2), and the object store tried once: the
     endpoint must answer, the credentials be accepted and the bucket exist. MountConfig fields."""
     from .replicate.manifest import parse_url
@@ -379,7 +410,6 @@ def _replication(args) -> dict:
     memory = parse_size(args.replicate_memory, what="--replicate-memory")
     if args.replicate_keep < 1:
         raise UsageError(f"bad --replicate-keep {args.replicate_keep}: must be at least 1")
-    chunk = parse_size(args.chunk_size, what="--chunk-size")
     if memory < part_size(0, chunk):
         raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
                          f"({part_size(0, chunk) >> 20}M)")
@@ -397,7 +427,7 @@ def _replication(args) -> dict:
             newest = None  # whose it is cannot be told: the replicator stops there (lineage.py)
         # a pool about to be formatted continues nobody but the pool it restores: refused before
         # the devices are touched (an existing pool's lineage is the daemon's to check)
-        restored = frozenset({args.restore_pool}) if getattr(args, "restore_pool", None) else frozenset()
+        restored = frozenset({restored_pool}) if restored_pool else frozenset()
         why = lineage.refusal(newest, "", restored, args.replicate_takeover, str(url))
         if why is not None:
             raise UsageError(f"cannot replicate: {why}")

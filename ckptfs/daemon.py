@@ -40,12 +40,13 @@ from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
 from .ops.monitor import Monitor
-from .replicate import lineage, restore
+from .replicate import lineage, restore, tree
 from .replicate.client import S3Error, Target
 from .replicate.manifest import BadManifest, parse_url
 from .replicate.plan import Source
 from .replicate.replicator import Replicator
-from .replicate.restore import Restorer, SourceError, load_manifest
+from .replicate.restore import Restorer
+from .replicate.tree import SourceError, load_manifest
 from .replicate.priority import DEFAULT_PRIORITY
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
 from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
@@ -57,6 +58,8 @@ READAHEAD_KIB = 4096
 
 @dataclass
 class MountConfig:
+    """Everything one mount was asked for (the CLI's options, or a test's); `assemble` rewrites the
+    restore fields itself when it finds a restore that was interrupted."""
     mountpoint: str
     devices: list[str]
     memory: int
@@ -140,7 +143,7 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     if cfg.format:
         format_pool(devices, chunk_size=cfg.chunk_size, journal_half=cfg.journal_half)
     pool, rec = _open_and_recover(cfg, devices)
-    source = restore.interrupted_build(rec.durable.ns)
+    source = tree.interrupted_build(rec.durable.ns)
     if source is not None:
         # a crash while a restore built its tree: by the prefix rule nothing else was committed
         log.warning("restore.restarted", extra={"fields": {"source": source.url, "generation": source.generation,
@@ -280,7 +283,7 @@ def serve(cfg: MountConfig) -> int:
         log.exception("cannot start")
         _tell_parent(cfg.ready_fd, f"cannot start: {e}")
         return 1
-    sections = {"restore": mount.restorer.snapshot} if mount.restorer is not None else {}
+    sections = {"restore": mount.restorer.statistics} if mount.restorer is not None else {}
     control = ControlServer(path, mount.store, mount.monitor,
                             info={"mountpoint": cfg.mountpoint, "devices": list(cfg.devices), "metrics_url": None,
                                   "engine": None}, sections=sections, replicator=mount.replicator)

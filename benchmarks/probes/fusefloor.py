@@ -76,12 +76,12 @@ def main() -> int:
         print("fusefloor: run as root (the session mounts with mount(2))", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from ckptfs.fuse.kernel.session import Session
+    from ckptfs.fuse.kernel.session import Session, SessionConfig
     if args.pin:
         os.sched_setaffinity(0, {0})
     mp = SCRATCH / "fusefloor"
     mp.mkdir(parents=True, exist_ok=True)
-    session = Session(Nothing(), str(mp), threads=args.threads)
+    session = Session(Nothing(), str(mp), SessionConfig(threads=args.threads))
     session.mount()
     try:
         session.start()

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 from ckptfs.fuse.kernel import abi  # noqa: E402
 from ckptfs.fuse.kernel.negotiate import DEFAULT_WANT  # noqa: E402
 from ckptfs.fuse.kernel.replies import Attr, AttrOut, EntryOut, OpenOut  # noqa: E402
-from ckptfs.fuse.kernel.session import Session  # noqa: E402
+from ckptfs.fuse.kernel.session import Session, SessionConfig  # noqa: E402
 
 BLOCK = 64 * MiB
 READER = r"""
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     for off in range(0, size, BLOCK):
         os.pwrite(memfd, chunk[:min(BLOCK, size - off)], off)
     fs = OneFile(memfd, size)
-    session = Session(fs, str(mp), threads=args.threads, want=DEFAULT_WANT | abi.FUSE_PASSTHROUGH,
-                      max_write=4 * MiB, max_read=4 * MiB, raise_max_pages=True)
+    session = Session(fs, str(mp), SessionConfig(threads=args.threads, want=DEFAULT_WANT | abi.FUSE_PASSTHROUGH,
+                                                 max_write=4 * MiB, max_read=4 * MiB, raise_max_pages=True))
     fs.session = session
     session.mount()
     modes = ["read"]

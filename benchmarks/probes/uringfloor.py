@@ -155,7 +155,7 @@ def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
     from ckptfs.fuse.kernel import abi
     from ckptfs.fuse.kernel.negotiate import DEFAULT_WANT
     from ckptfs.fuse.kernel.replies import Attr, AttrOut, EntryOut
-    from ckptfs.fuse.kernel.session import Session
+    from ckptfs.fuse.kernel.session import Session, SessionConfig
 
     bodies = {"dir": AttrOut(Attr(ino=1, mode=0o40755, nlink=2), attr_timeout=0).pack(),
               "file": AttrOut(Attr(ino=2, mode=0o100644), attr_timeout=0).pack(),
@@ -233,7 +233,7 @@ def serve(mountpoint: str, transport: str, depth: int, pin: bool) -> None:
                     command(CMD_COMMIT_AND_FETCH, i, commit)
 
     want = DEFAULT_WANT | (FUSE_OVER_IO_URING if transport == "uring" else 0)
-    s = Loop(None, mountpoint, threads=queues, want=want, max_write=MAX_WRITE, fsname="uringfloor")
+    s = Loop(None, mountpoint, SessionConfig(threads=queues, want=want, max_write=MAX_WRITE, fsname="uringfloor"))
     s.mount()
     neg = s.start()
     if transport == "uring" and not neg.has(FUSE_OVER_IO_URING):

@@ -44,7 +44,8 @@ _EXT = struct.Struct("<QHQII")
 
 
 class JournalCorrupt(Exception):
-    pass
+    """A journal frame or record that cannot be decoded, or a record that does not apply to the
+    durable state; the message says why."""
 
 
 _FIXED = {k: struct.Struct("<" + k).pack for k in "QqIHB"}
@@ -142,6 +143,8 @@ def _frame_at(pool_id: bytes, buf, off: int):
 
 @dataclass
 class HalfReplay:
+    """What `replay_half` found in one journal half: its epoch and seq range, the records (stamps
+    left out), where the next frame goes, and where replay stopped at damage or a torn commit."""
     epoch: int = -1
     first_seq: int = 0
     last_seq: int = -1

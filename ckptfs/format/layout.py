@@ -48,6 +48,8 @@ class FormatError(Exception):
 
 @dataclass(frozen=True)
 class Superblock:
+    """One device's superblock: the pool it belongs to, its place in it, and where its journal
+    halves and data units lie. Written at format (rewritten only to upgrade its version)."""
     pool_id: bytes
     index: int
     count: int

@@ -50,6 +50,8 @@ _TABLE = [
 
 
 class RecordType(NamedTuple):
+    """One record type of `SCHEMA`: its type byte, op name, class, field names and their codec
+    kinds. Built once from the table above."""
     type: int  # the type byte on the device
     op: str
     cls: type

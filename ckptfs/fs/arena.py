@@ -34,6 +34,8 @@ DEFAULT_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class ArenaStats:
+    """One reading of the arena (`Arena.statistics()`): its sizes, slots used and free, and how
+    many allocations and full-arena refusals there have been."""
     capacity: int
     chunk_size: int
     slots: int
@@ -44,6 +46,9 @@ class ArenaStats:
 
 
 class Arena:
+    """The `--memory` mapping cut into `chunk_size` slots. It owns the free list and the lent set:
+    the chunk owner and the drain take and free slots, the facade lends them to FUSE workers."""
+
     def __init__(self, capacity: int, chunk_size: int = DEFAULT_CHUNK, *, prefault: bool = True):
         if chunk_size < MIN_CHUNK or chunk_size & (chunk_size - 1):
             raise UsageError(f"bad chunk size {chunk_size}: must be a power of two >= {MIN_CHUNK}")

@@ -105,6 +105,8 @@ class Durability:
 
 @dataclass
 class Handle:
+    """One open handle (`fh`): its inode, how it was opened and by whom. Made at open or create,
+    dropped at release; `owners` grows as writes through it arrive (`wrote_from`)."""
     fh: int
     inode: Inode
     writable: bool
@@ -115,6 +117,8 @@ class Handle:
 
 @dataclass(frozen=True)
 class OpenResult:
+    """What an open or create gives the front end: the handle number and how the kernel is to
+    cache the file (`direct_io`, `keep_cache`, `noflush`)."""
     fh: int
     direct_io: bool
     keep_cache: bool
@@ -123,6 +127,8 @@ class OpenResult:
 
 @dataclass(frozen=True)
 class FsStat:
+    """What statfs reports: `blocks` and `bfree` in `frsize` units (the devices, or memory),
+    inode counts and the longest name."""
     frsize: int
     blocks: int
     bfree: int
@@ -132,6 +138,9 @@ class FsStat:
 
 
 class Filesystem:
+    """The core every front end calls (through the facade): it owns the namespace, the open
+    handles and each file's data, and tells `durability` of every change and close."""
+
     def __init__(self, arena: Arena, *, capacity_bytes: int, uid: int = 0, gid: int = 0,
                  clock: Callable[[], int] = time.time_ns, owner: ChunkOwner | None = None,
                  durability: Durability | None = None, ns: Namespace | None = None):

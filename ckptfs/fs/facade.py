@@ -76,6 +76,9 @@ class Backend:
 
 
 class AsyncFilesystem:
+    """What a FUSE front end calls, one method per request: the core `fs` and the store's
+    `backend`, which it waits on for fetches and room; no state of its own."""
+
     def __init__(self, fs: Filesystem, backend: Backend | None = None):
         self.fs = fs
         self.backend = backend or Backend()

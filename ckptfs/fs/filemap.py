@@ -180,6 +180,8 @@ class NeedsFetch(Exception):
 
 
 class ChunkOwner(Protocol):
+    """What a file's data needs from whoever manages chunks: slots, device space, and word of
+    every chunk change (`MemoryOwner`, or the store of a mount with devices)."""
     chunk_size: int
 
     def alloc_slot(self) -> int: ...
@@ -275,6 +277,9 @@ def _zeros(n: int) -> memoryview:
 
 
 class FileData:
+    """One regular file's contents (`inode.data`): its sparse map of chunks, changed by the core
+    (and the restorer's `fill`); `owner` gives it slots and device space and hears every change."""
+
     def __init__(self, owner: ChunkOwner | Arena, ino: int = 0):
         if isinstance(owner, Arena):
             owner = MemoryOwner(owner)

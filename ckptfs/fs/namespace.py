@@ -44,6 +44,9 @@ RENAME_EXCHANGE = 2
 
 
 class Directory:
+    """A directory's entries (name -> inode number) and their readdir cookies, which only grow;
+    changed by the namespace's mutations only."""
+
     __slots__ = ("entries", "_cookie_of", "_name_of", "_order", "_dead", "_next")
 
     def __init__(self) -> None:
@@ -91,6 +94,9 @@ class Directory:
 
 
 class Inode:
+    """One inode: its attributes, directory or symlink target, xattrs, and the counts that keep it
+    alive (`nlink`, `lookups`, `opens`); `data`, a regular file's FileData, belongs to the core."""
+
     __slots__ = ("ino", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns",
                  "ctime_ns", "target", "dir", "parent", "xattrs", "lookups", "opens", "data",
                  "version")
@@ -126,6 +132,9 @@ Observer = Callable[[tuple], None]  # hears the typed record (format/records.py)
 
 
 class Namespace:
+    """Every inode, by number, and the names between them. The core's calls (or replay,
+    durable.py) change it; each mutation that succeeds is reported to `observer`."""
+
     def __init__(self, *, uid: int = 0, gid: int = 0, root_mode: int = 0o755,
                  clock: Callable[[], int] = time.time_ns,
                  on_drop: Callable[[Inode], None] | None = None,

@@ -82,7 +82,7 @@ from ..errors import FsError, errno_of
 from ..fs.creds import being_killed
 from ..fs.facade import AsyncFilesystem
 from . import realign
-from .kernel.session import Session, default_threads
+from .kernel.session import Session, SessionConfig, SessionHooks, default_threads
 from ..tasks import LoopLock
 from .native_ops import WANT, Blocked, Operations
 
@@ -437,14 +437,14 @@ class NativeEngine:
         # adopted too; where the limit is lower, as many whole chunks as fit (docs/ENGINE.md); and
         # further, for direct READs of up to READ_BYTES (a WRITE is still cut at max_write)
         cs = arena.chunk_size
-        self.session = Session(self.handler, mountpoint, threads=threads, allow_other=root,
-                               default_permissions=True, want=WANT,
-                               max_write=cs * request_chunks(arena.nslots, threads, chunks_in(request_bytes, cs)),
-                               grain=cs, raise_max_pages=root,
-                               max_read=cs * request_chunks(arena.nslots, threads, chunks_in(READ_BYTES, cs)),
-                               write_buffer=self.handler.write_buffer,
-                               after_reply=None if loop is None else loop.kick,
-                               settle=loop, on_read=self.handler.on_read)
+        self.session = Session(
+            self.handler, mountpoint,
+            SessionConfig(threads=threads, allow_other=root, default_permissions=True, want=WANT,
+                          max_write=cs * request_chunks(arena.nslots, threads, chunks_in(request_bytes, cs)),
+                          grain=cs, raise_max_pages=root,
+                          max_read=cs * request_chunks(arena.nslots, threads, chunks_in(READ_BYTES, cs))),
+            SessionHooks(write_buffer=self.handler.write_buffer, on_read=self.handler.on_read,
+                         after_reply=None if loop is None else loop.kick, settle=loop))
         if loop is not None:
             loop.settle = True  # the session's reader wakes the trio thread once requests pause
         self.handler.session = self.session

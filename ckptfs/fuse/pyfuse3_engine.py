@@ -42,6 +42,9 @@ def operations(afs: AsyncFilesystem):
 
 
 class Pyfuse3Engine:
+    """Mount `afs` at `mountpoint` through pyfuse3 (libfuse), every request served on the trio
+    thread; it holds pyfuse3's `ops` over the facade and nothing else."""
+
     def __init__(self, afs: AsyncFilesystem, mountpoint: str):
         import pyfuse3
         self._pyfuse3 = pyfuse3

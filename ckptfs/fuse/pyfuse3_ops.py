@@ -45,6 +45,8 @@ def _guard(fn):
 
 
 class Operations(pyfuse3.Operations):
+    """pyfuse3's operations over the facade `afs` (see the module docstring); no state of their own."""
+
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False

@@ -109,6 +109,9 @@ def allowed(uid: int, owner: int) -> bool:
 
 # ---- the server (in the daemon's trio loop) ---------------------------------------
 class ControlServer:
+    """The daemon's end of the control channel: its socket at `path`, answering from the store,
+    the monitor and the replicator; the daemon fills `info` and `sections` as it mounts."""
+
     def __init__(self, path: str, store, monitor, *, info: dict | None = None, sections: dict | None = None,
                  replicator=None):
         self.path = path
@@ -426,6 +429,9 @@ def refusal(reply: dict) -> ControlError:
 
 
 class Client:
+    """One blocking connection to a daemon's control socket at `path`: requests out, reply lines in
+    (`ckptfs status`, `ckptfs wait`)."""
+
     def __init__(self, path: str, timeout: float | None = 30.0):
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

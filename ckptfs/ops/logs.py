@@ -39,6 +39,9 @@ def _timestamp(created: float) -> str:
 
 
 class StructuredFormatter(logging.Formatter):
+    """Log records as ``TIME LEVEL EVENT key=value ...`` lines, or JSON objects with
+    `json_lines` (see the module docstring)."""
+
     def __init__(self, json_lines: bool = False):
         super().__init__()
         self.json_lines = json_lines

@@ -34,6 +34,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 @dataclass
 class Histogram:
+    """Fixed-bucket counts of observed seconds, with their sum, count and last value; grown by
+    `observe` only (the drain latency, `Monitor.latency`)."""
     buckets: tuple[float, ...] = LATENCY_BUCKETS
     counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
     sum: float = 0.0
@@ -60,6 +62,8 @@ class Histogram:
 
 @dataclass(frozen=True)
 class Sample:
+    """The store's counters at time `t`: per-device bytes written and read and errors, and the
+    bytes drained and absorbed."""
     t: float
     written: tuple[int, ...]  # per device
     read: tuple[int, ...]
@@ -70,6 +74,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class Rates:
+    """Per-second rates over the last `interval` seconds (`Monitor.rates`): per-device writes, reads
+    and new errors, and the drain and absorb rates."""
     interval: float  # seconds the rates cover (0 when there is no earlier sample yet)
     write_bps: tuple[float, ...]
     read_bps: tuple[float, ...]
@@ -79,6 +85,9 @@ class Rates:
 
 
 class Monitor:
+    """Rates, the drain latency and backpressure counts, derived from `store`'s counters; its
+    samples and counters change on the trio thread only (`tick`, `on_commit`, `room`)."""
+
     def __init__(self, store, *, clock=time.monotonic, period: float = 0.5, keep: float = 60.0):
         self.store = store
         self.clock = clock

@@ -49,6 +49,7 @@ class BadManifest(FsError):
 
 @dataclass(frozen=True)
 class S3Url:
+    """A bucket and key prefix, as `parse_url` reads ``s3://BUCKET/PREFIX``."""
     bucket: str
     prefix: str  # "" or "a/b/" (always ends with "/" when not empty)
 
@@ -133,6 +134,8 @@ class Entry:
 
 @dataclass
 class Manifest:
+    """The tree of one durable state, as stored at ``manifests/<generation>.json``: the pool and
+    journal seq it was taken at, and every entry. Made by `snapshot.take`; never changed after."""
     generation: int
     pool: str  # the pool id (hex) that wrote it
     journal_seq: int  # the journal sequence number whose durable state this is

@@ -74,6 +74,7 @@ from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, restoring, same_tree, take
 from .source import read_part
+from .throttle import Throttle
 from .uploader_proc import Uploader
 
 log = logging.getLogger("ckptfs.replicate")
@@ -102,23 +103,11 @@ def _cancelled(e: BaseException) -> bool:
     return isinstance(e, trio.Cancelled)
 
 
-class _Throttle:
-    """A token bucket over bytes: `await take(n)` returns once `n` more bytes fit under `rate`/s."""
-
-    def __init__(self, rate: float | None):
-        self.rate = rate
-        self.next = 0.0
-
-    async def take(self, n: int) -> None:
-        if not self.rate:
-            return
-        now = trio.current_time()
-        start = max(now, self.next)
-        self.next = start + n / self.rate
-        await trio.sleep_until(start)
-
-
 class Replicator:
+    """The replication service of one mount: what is uploaded (objects, manifests, generation), the
+    cycle that uploads the newest durable state, the garbage collection of what no kept manifest
+    names, its failures, and the counters `statistics()` shows."""
+
     def __init__(self, store, url: S3Url, endpoint: str | None = None, *, rate: float | None = None,
                  keep: int = DEFAULT_KEEP, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
                  connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY, takeover: bool = False):
@@ -133,7 +122,7 @@ class Replicator:
         self.memory = max(memory, self.part)
         self.parts = PartMemory(self.memory)  # the part buffers, shared with the uploader process
         self.target = Uploader(url, endpoint, self.parts, connections=connections, priority=priority)
-        self.throttle = _Throttle(rate)
+        self.throttle = Throttle(rate)
         self.rate = rate
         self.s3_limiter = trio.CapacityLimiter(connections)
         self.changed = trio.Event()  # the durable state changed since the last snapshot

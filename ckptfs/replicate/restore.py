@@ -2,7 +2,7 @@
 
 `ckptfs mount /ckpt --devices ... --format --restore-from s3://BUCKET/PREFIX`
 formats a fresh pool with the manifest's chunk size, and before the mount
-goes live `build()` creates the manifest's whole tree through the core
+goes live tree.py `build()` creates the manifest's whole tree through the core
 (directories, files at their final sizes, symlinks, hard links, modes,
 owners, times, xattrs); every step is an ordinary journal record. Each file
 with contents gets a gate (`FileJob`, an fs/remote.py `Remote`) on its
@@ -22,10 +22,11 @@ READAHEAD chunks. The background fetches every file, newest first, with
 `concurrency` GETs in flight (memory in flight at most
 (concurrency + DEMAND_SLOTS) x RUN_BYTES, plus the arena, whose backpressure
 it waits on like any writer) and an optional byte rate. Failed fetches are
-retried with backoff; their causes show in `snapshot()` (ckptfs status, the
-control API, metrics) and in the log. Every object-store call goes through
-client.py's `Target` (one line per failure, with its cause); `load_manifest`
-turns what it raises into `SourceError` for the CLI and the daemon.
+retried with backoff; their causes show in `statistics()` (ckptfs status,
+the control API, metrics) and in the log. Every object-store call goes
+through client.py's `Target` (one line per failure, with its cause); tree.py's
+`load_manifest` turns what it raises into `SourceError` for the CLI and the
+daemon.
 
 Crash safety. Two hidden journaled xattrs (plan.py) say what is still
 remote: the root's ``ckptfs.restore.source`` (URL, endpoint, generation,
@@ -56,11 +57,12 @@ import trio
 
 from ..errors import DevicesFull, FsError, NoSpace
 from ..fs.filemap import NeedsFetch
-from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
+from ..fs.namespace import ROOT_INO
 from ..fs.remote import NeedsRestore, Remote
-from . import lineage, plan
+from . import plan, tree
 from .client import S3Error, Target
-from .manifest import MANIFESTS, BadManifest, Entry, Manifest, parse_url
+from .manifest import Entry, Manifest, parse_url
+from .throttle import Throttle
 
 log = logging.getLogger("ckptfs.restore")
 RUN_BYTES = 8 << 20  # one GET fetches at most this many bytes of consecutive chunks
@@ -75,28 +77,6 @@ LOADING, FETCHING, SYNCING, DONE = "loading", "fetching", "syncing", "done"
 
 class RestoreError(FsError):
     """A chunk could not be restored; the message says why (EIO to a read that needed it)."""
-
-
-class SourceError(Exception):
-    """The object store cannot give what a restore needs; the message says why, in one line."""
-
-
-class NothingReplicated(SourceError):
-    """The prefix holds no manifest: nothing was ever replicated there (or all of it was deleted)."""
-
-
-def load_manifest(target: Target, generation: int | None = None) -> Manifest:
-    """In a worker thread: the manifest of `generation` (None: the newest) under `target`'s prefix."""
-    try:
-        if generation is None:
-            gens = target.generations()
-            if not gens:
-                raise NothingReplicated(f"no manifest under {target.url}: nothing was replicated there "
-                                        f"(expected {target.url}{MANIFESTS}<generation>.json)")
-            generation = gens[-1]
-        return target.manifest(generation)
-    except (S3Error, BadManifest) as e:
-        raise SourceError(str(e)) from None
 
 
 class FileJob(Remote):
@@ -126,20 +106,6 @@ class FileJob(Remote):
         self.restorer.cancel(self)
 
 
-class Rate:
-    """A byte-rate cap: take(n) waits until n more bytes fit under `bps`."""
-
-    def __init__(self, bps: float):
-        self.bps = bps
-        self.next = 0.0
-
-    async def take(self, n: int) -> None:
-        now = trio.current_time()
-        start = max(now, self.next)
-        self.next = start + n / self.bps
-        await trio.sleep_until(start)
-
-
 def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], first: int,
                chunk_size: int, what: str) -> tuple[bytes, dict[int, str]]:
     """In a worker thread: bytes [start, end) of the object, each chunk checked against its CRC-32C.
@@ -165,6 +131,9 @@ def _get_range(target: Target, obj: str, start: int, end: int, crcs: list[int], 
 
 
 class Restorer:
+    """The restore service of one mount: the gates of the files still remote (`jobs`), their
+    fetches (demand and background), progress commits, and the counters `statistics()` shows."""
+
     def __init__(self, fs, store, source: plan.Source, *, concurrency: int = 8, rate: float | None = None,
                  target: Target | None = None):
         self.fs = fs
@@ -173,7 +142,7 @@ class Restorer:
         self.url = parse_url(source.url)
         self.target = target
         self.concurrency = concurrency
-        self.rate = Rate(rate) if rate else None
+        self.rate = Throttle(rate)
         self.bg_limiter = trio.CapacityLimiter(concurrency)
         self.demand_limiter = trio.CapacityLimiter(DEMAND_SLOTS)
         self.manifest: Manifest | None = None
@@ -207,7 +176,7 @@ class Restorer:
         by_object = {e.object: e for e in manifest.entries if stat.S_ISREG(e.mode) and e.object}
         cs = manifest.chunk_size
         if cs != self.store.chunk_size:
-            raise SourceError(f"the manifest's chunk size {cs} differs from the pool's {self.store.chunk_size}")
+            raise tree.SourceError(f"the manifest's chunk size {cs} differs from the pool's {self.store.chunk_size}")
         for job in list(self.jobs.values()):
             entry = by_object.get(job.object)
             if entry is None or entry.size != job.size:
@@ -247,7 +216,7 @@ class Restorer:
         """In the trio thread, before the mount is live: build a fresh restore's tree."""
         if self.pending is not None:
             manifest, self.pending = self.pending, None
-            build_tree(self, manifest)
+            tree.build(self, manifest)
 
     # ---- the service --------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -287,13 +256,13 @@ class Restorer:
         delay = RETRY_MIN
         while True:
             try:
-                manifest = await trio.to_thread.run_sync(load_manifest, self._target(), self.source.generation)
+                manifest = await trio.to_thread.run_sync(tree.load_manifest, self._target(), self.source.generation)
                 self.use_manifest(manifest)
                 self.load_error = None
                 log.info("restore.resumed", extra={"fields": {
                     "source": self.source.url, "generation": self.source.generation, "files": len(self.jobs)}})
                 return
-            except SourceError as e:
+            except tree.SourceError as e:
                 self.load_error = str(e)
                 self.record_error(f"cannot load the manifest: {e}")
                 self.load_tried.set()
@@ -416,7 +385,7 @@ class Restorer:
         start, end = plan.byte_range(first, last, entry.size, cs)
         what = f"/{entry.path}"
         try:
-            if self.rate is not None and not demand:
+            if not demand:
                 await self.rate.take(end - start)
             # a slot is held until the bytes are in the file: memory in flight stays bounded
             async with self.demand_limiter if demand else self.bg_limiter:
@@ -524,7 +493,7 @@ class Restorer:
         log.error("restore.error", extra={"fields": {"error": message}})
 
     # ---- reporting --------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def statistics(self) -> dict:
         """For `ckptfs status`, the control API and metrics (JSON-able)."""
         return {"source": self.source.url, "endpoint": self.source.endpoint, "generation": self.source.generation,
                 "state": self.state, "files_total": self.files_total, "files_restored": self.files_done,
@@ -536,108 +505,27 @@ class Restorer:
                 "seconds": round((self.finished or time.time()) - self.started, 3)}
 
 
-# ---- building and resuming (before serving) --------------------------------------------
+# ---- before serving (tree.py builds the tree) --------------------------------------------
 def fresh(fs, store, manifest: Manifest, source: plan.Source, **kw) -> Restorer:
     """A Restorer that builds `manifest`'s tree in this freshly formatted pool (`prepare`)."""
-    root = fs.ns.get(ROOT_INO)
-    if root.dir.entries or plan.SOURCE_XATTR in root.xattrs:
-        raise SourceError("the pool is not empty: a restore needs a freshly formatted pool (--format)")
-    if manifest.chunk_size != store.chunk_size:
-        raise SourceError(f"the manifest's chunk size {manifest.chunk_size} differs from the pool's "
-                          f"{store.chunk_size}")
-    steps = plan.tree(manifest)
-    for step in steps:
-        if stat.S_ISREG(step.entry.mode) and step.link_to is None:
-            plan.check_crcs(step.entry, manifest.chunk_size)
+    tree.check_fresh(fs, store, manifest)
     r = Restorer(fs, store, source, **kw)
     r.pending = manifest
     return r
-
-
-def build_tree(r: Restorer, manifest: Manifest) -> None:
-    """Create the manifest's tree through the core, each file gated until restored. Runs in the
-    trio thread before the mount is live; every step is an ordinary journal record."""
-    fs, store, source = r.fs, r.store, r.source
-    ns = fs.ns
-    steps = plan.tree(manifest)
-    ns.setxattr(ROOT_INO, plan.SOURCE_XATTR, source.encode())  # first: a crash before the tree is whole restarts
-    # this pool continues the manifest's: it may replicate to that prefix from now on (lineage.py)
-    ns.setxattr(ROOT_INO, lineage.LINEAGE_XATTR, lineage.encode(lineage.of(ns) | {manifest.pool}))
-    ino_of = {"": ROOT_INO}
-    for step in steps:
-        e = step.entry
-        parent, name = ino_of[step.parent], step.name.encode("utf-8", "surrogateescape")
-        path = e.path.strip("/")
-        if step.link_to is not None:
-            inode = fs.link(ino_of[step.link_to], parent, name)
-            fs.forget(inode.ino, 1)
-            ino_of[path] = inode.ino
-            continue
-        if stat.S_ISDIR(e.mode):
-            inode = fs.mkdir(parent, name, e.mode, e.uid, e.gid)
-        elif stat.S_ISLNK(e.mode):
-            inode = fs.symlink(parent, name, e.target, e.uid, e.gid)
-        else:
-            inode = fs.mknod(parent, name, e.mode, e.rdev, e.uid, e.gid)
-        fs.forget(inode.ino, 1)  # no kernel lookup stands behind this one
-        ino_of[path] = inode.ino
-        _set_attrs(ns, inode, e)
-        if stat.S_ISREG(e.mode):
-            if e.size:
-                ns.setxattr(inode.ino, plan.FILE_XATTR, plan.FileMarker(e.object, e.size).encode())
-                r.add_job(inode, e.object, e.size)
-            inode.size = e.size
-            store.dirtied(inode)
-            store.closed(inode)  # the file, at its size, with nothing fetched yet
-    for step in reversed(steps):  # directory times last: creating entries moved them
-        if stat.S_ISDIR(step.entry.mode):
-            ns.setattr(ino_of[step.entry.path.strip("/")], atime_ns=step.entry.mtime_ns,
-                       mtime_ns=step.entry.mtime_ns)
-    top = plan.root_entry(manifest)
-    if top is not None:
-        _set_attrs(ns, ns.get(ROOT_INO), top)
-    ns.setxattr(ROOT_INO, plan.SOURCE_XATTR, plan.Source(source.url, source.endpoint, source.generation,
-                                                         complete_tree=True).encode())
-    r.use_manifest(manifest)
-    log.info("restore.started", extra={"fields": {
-        "source": source.url, "generation": source.generation, "entries": len(steps),
-        "files": r.files_total, "bytes": r.bytes_total}})
-
-
-def _set_attrs(ns, inode, e: Entry) -> None:
-    for k, v in e.xattrs.items():
-        if not k.startswith(HIDDEN_XATTR):
-            ns.setxattr(inode.ino, k, v)
-    mode = None if stat.S_ISLNK(e.mode) else e.mode & 0o7777
-    ns.setattr(inode.ino, mode=mode, uid=e.uid, gid=e.gid, atime_ns=e.mtime_ns, mtime_ns=e.mtime_ns)
-
-
-def interrupted_build(ns) -> plan.Source | None:
-    """The source of a restore whose tree was never completely built (a crash during `build_tree`)."""
-    raw = ns.get(ROOT_INO).xattrs.get(plan.SOURCE_XATTR)
-    if raw is None:
-        return None
-    source = plan.Source.decode(raw)
-    return None if source.complete_tree else source
 
 
 def resume(fs, store, endpoint: str | None = None, **kw) -> Restorer | None:
     """After a remount: a Restorer for the files whose markers say they are still remote (None when
     nothing is). `endpoint` overrides the recorded one. Each such file stays gated until the
     manifest is loaded and its local chunks are checked against it."""
-    ns = fs.ns
-    raw = ns.get(ROOT_INO).xattrs.get(plan.SOURCE_XATTR)
-    marked = [i for i in ns.inodes.values() if i.is_reg and plan.FILE_XATTR in i.xattrs]
-    if raw is None and not marked:
+    found = tree.still_remote(fs.ns, endpoint)
+    if found is None:
         return None
-    source = plan.Source.decode(raw) if raw is not None else plan.Source("s3://unknown-source", None, 0, True)
-    if endpoint:
-        source = plan.Source(source.url, endpoint, source.generation, source.complete_tree)
-    r = Restorer(fs, store, source, **kw)
-    for inode in marked:
-        marker = plan.FileMarker.decode(inode.xattrs[plan.FILE_XATTR])
+    source, marked = found
+    r = Restorer(fs, store, source or plan.Source("s3://unknown-source", None, 0, True), **kw)
+    for inode, marker in marked:
         r.add_job(inode, marker.object, marker.size)
-    if raw is None:
+    if source is None:
         r.known_source = False
         r.load_error = "the pool has files still to restore but no record of their source"
         r.record_error(r.load_error)

@@ -49,6 +49,9 @@ class _Split:
 
 
 class Allocator:
+    """Every device's data units: free, split into pieces, or referenced, and how often. The drain
+    allocates, the store releases, and the durable state claims and releases as records apply."""
+
     def __init__(self, units_per_device: list[int], per_unit: int = 1):
         if per_unit < 1 or per_unit & (per_unit - 1):
             raise ValueError(f"addresses per unit must be a power of two, not {per_unit}")

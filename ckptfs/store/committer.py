@@ -60,6 +60,9 @@ class CommitHost(Protocol):
 
 
 class Committer:
+    """The journal writer: it owns where the next frame goes (`half`, `tail`, `seq`), the anchor
+    generation, and the devices to flush before it (`unflushed`, marked by `wrote`)."""
+
     def __init__(self, host: CommitHost, *, half: int, tail: int, seq: int, anchor_gen: int = 0):
         self.host = host
         self.sb = host.sbs[0]

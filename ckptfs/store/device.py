@@ -32,6 +32,9 @@ def aligned_buffer(n: int) -> memoryview:
 
 
 class BlockDevice:
+    """One device (or file) of a pool, with O_DIRECT where it allows: synchronous, checked I/O.
+    It holds only its open descriptor `fd`, its `size` and whether it is `direct`."""
+
     def __init__(self, path: str, *, direct: bool = True):
         self.path = path
         flags = os.O_RDWR | os.O_CLOEXEC

@@ -98,6 +98,9 @@ class DrainHost(Protocol):
 
 
 class Drainer:
+    """Moves chunks between the arena and the devices: it owns the per-device ready queues, the
+    batches workers hold (`flying`), the fetches in progress and the gate."""
+
     def __init__(self, host: DrainHost, *, queue_depth: int, policy: str = "absorb-first"):
         self.host = host
         self.queue_depth = queue_depth

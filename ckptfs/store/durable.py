@@ -27,6 +27,9 @@ FileExtents = dict[int, Extent]  # a file's durable contents: chunk index -> whe
 
 
 class DurableState:
+    """What the journal on the devices says: a namespace of its own, each file's durable extents
+    (`files`) and the epoch. Changed by `apply` (replay, then each commit); compaction sets `epoch`."""
+
     def __init__(self, allocator: Allocator):
         self.alloc = allocator
         self.ns = Namespace(clock=lambda: 0, on_drop=self._dropped)

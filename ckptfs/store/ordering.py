@@ -62,6 +62,8 @@ EXTENT_BYTES = 30  # bytes one extent adds to a content record, roughly
 
 @dataclass
 class Pending:
+    """One record waiting for the journal at `index`: a namespace record (`rec`), or a file's
+    contents (`ino`, size, times, the chunks it pins). The commit log sets `void`, `group_end`."""
     index: int
     rec: tuple | None = None  # a namespace record (typed), or None for a content record
     ino: int = 0
@@ -91,6 +93,9 @@ class Pending:
 
 
 class CommitLog:
+    """The records waiting for the journal, in order, and every decision about them (see the
+    module docstring); the store feeds it events, the committer takes its batches."""
+
     def __init__(self, *, max_lag: float, alive: Callable[[int], bool], clock: Callable[[], float] = time.monotonic):
         self.max_lag = max_lag
         self.alive = alive  # does inode `ino` still have a name? (the live namespace knows)

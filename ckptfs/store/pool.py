@@ -37,6 +37,8 @@ log = logging.getLogger("ckptfs.pool")
 
 @dataclass
 class Pool:
+    """An opened pool: its devices (each locked while open) and their superblocks, in pool order;
+    `close()` lets the devices go."""
     devices: list[BlockDevice]
     sbs: list[Superblock]
 
@@ -47,6 +49,8 @@ class Pool:
 
 @dataclass
 class Recovered:
+    """What `recover` found: the durable state and records of the winning journal half, where the
+    next frame goes (`half`, `tail`, `seq`), and what to report of it (warnings, clean, losses)."""
     durable: DurableState
     records: list
     half: int

@@ -45,6 +45,9 @@ REUSE = 64  # checks a count serves near full (each adds what it let in)
 
 
 class Reservation:
+    """Whether the devices could hold every undrained chunk and one more or a grown one (`check`);
+    it keeps the last count of what they need, renewed by `check`, dropped by `changed`."""
+
     def __init__(self, alloc: Allocator, count: Callable[[], int], chunks: Callable[[], Iterable[Chunk]]):
         self.alloc = alloc
         self.count = count  # how many chunks are undrained (cheap)

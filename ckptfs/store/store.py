@@ -139,6 +139,8 @@ class FileState:
 
 @dataclass(frozen=True)
 class DeviceSnapshot:
+    """One device in a `StoreStats` reading: its index and path, the capacity and used bytes
+    of its data units, and its counters then."""
     index: int
     path: str
     capacity: int
@@ -191,6 +193,9 @@ class StoreStats:
 
 
 class Store:
+    """The durable store under the core (its ChunkOwner and Durability): it owns the chunks' places,
+    the dirty files, drain errors and counters, and wires the parts the module docstring lists."""
+
     def __init__(self, arena: Arena, devices: list[BlockDevice], sbs: list[Superblock],
                  durable: DurableState, *, half: int, tail: int, seq: int, queue_depth: int = 8,
                  fsync_absorb: bool = False, drain_policy: str = "absorb-first",

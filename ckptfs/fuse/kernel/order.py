@@ -36,6 +36,9 @@ MAX_GAPS = 64  # more gaps than this: the numbering is not what we expect; stop 
 
 
 class KernelOrder:
+    """The request number whose turn it is, and those done ahead of it, shared by a session's
+    worker threads under `_lock`: each calls `turn` before a request and `done` after."""
+
     def __init__(self, gap_s: float = GAP_S):
         self.gap_s = gap_s
         # held as `_lock` (a C-level enter; the Condition's own is Python), waited on as `_cond`

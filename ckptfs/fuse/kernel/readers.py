@@ -42,6 +42,9 @@ BULK = 1 << 20  # a read this large with more queued behind it: several writers 
 
 
 class Readers:
+    """Which of a session's workers read /dev/fuse now: the reading and parked counts and the
+    active window, under `_lock`, changed by the workers around each read and before a wait."""
+
     def __init__(self, active_s: float = ACTIVE_S):
         self.active_s = active_s
         # held as `_lock` (a C-level enter; the Condition's own is Python), waited on as `_cond`

@@ -92,6 +92,8 @@ class EntryOut:
 
 @value
 class AttrOut:
+    """fuse_attr_out (GETATTR, SETATTR): the inode's `attr`, cached by the kernel `attr_timeout` seconds."""
+
     attr: Attr
     attr_timeout: float = 1.0
 
@@ -102,6 +104,9 @@ class AttrOut:
 
 @value
 class OpenOut:
+    """fuse_open_out (OPEN, OPENDIR): the handle `fh`, the FOPEN_* bits of `open_flags`, and
+    `backing_id` with FOPEN_PASSTHROUGH."""
+
     fh: int
     open_flags: int = 0  # FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE, FOPEN_PARALLEL_DIRECT_WRITES, ...
     backing_id: int = 0  # with FOPEN_PASSTHROUGH: an id from FUSE_DEV_IOC_BACKING_OPEN
@@ -112,6 +117,8 @@ class OpenOut:
 
 @value
 class CreateOut:
+    """CREATE's reply: the new file's `entry` (fuse_entry_out), then its `open` (fuse_open_out)."""
+
     entry: EntryOut
     open: OpenOut
 
@@ -121,6 +128,8 @@ class CreateOut:
 
 @value
 class WriteOut:
+    """fuse_write_out (WRITE, COPY_FILE_RANGE): the bytes written, `size`."""
+
     size: int
 
     def pack(self) -> bytes:
@@ -129,6 +138,8 @@ class WriteOut:
 
 @value
 class StatfsOut:
+    """fuse_statfs_out (STATFS): block and inode counts, block sizes and the longest name."""
+
     blocks: int
     bfree: int
     bavail: int
@@ -155,6 +166,8 @@ class XattrSize:
 
 @value
 class CopiedOut:
+    """fuse_copy_file_range_out (COPY_FILE_RANGE_64): the bytes copied, `size`."""
+
     size: int
 
     def pack(self) -> bytes:
@@ -163,6 +176,8 @@ class CopiedOut:
 
 @value
 class LseekOut:
+    """fuse_lseek_out (LSEEK): the `offset` found."""
+
     offset: int
 
     def pack(self) -> bytes:
@@ -171,6 +186,8 @@ class LseekOut:
 
 @value
 class InitOut:
+    """fuse_init_out (INIT): the protocol version, the limits and the capability `flags` agreed on."""
+
     major: int
     minor: int
     max_readahead: int

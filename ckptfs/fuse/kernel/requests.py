@@ -31,6 +31,9 @@ class ProtocolError(ValueError):
 
 @value
 class Header:
+    """fuse_in_header: the request's `length`, `opcode` and `unique`, its inode (`nodeid`), and the
+    caller's uid, gid and pid."""
+
     length: int
     opcode: int
     unique: int
@@ -67,6 +70,8 @@ def _request(method: str):
 
 @_request("init")
 class Init(Request):
+    """INIT: the kernel's protocol version (`major`, `minor`), read-ahead and capability `flags`."""
+
     header: Header
     major: int
     minor: int
@@ -76,12 +81,16 @@ class Init(Request):
 
 @_request("lookup")
 class Lookup(Request):  # nodeid: the parent directory
+    """LOOKUP: the entry `name` in directory `header.nodeid`."""
+
     header: Header
     name: bytes
 
 
 @_request("forget")
 class Forget(Request):  # no reply
+    """FORGET: inode `header.nodeid` loses `nlookup` of the kernel's lookups (no reply)."""
+
     header: Header
     nlookup: int
 
@@ -92,12 +101,16 @@ class Forget(Request):  # no reply
 
 @_request("batch_forget")
 class BatchForget(Request):  # no reply
+    """BATCH_FORGET: `items`, the (nodeid, nlookup) lookups the kernel drops at once (no reply)."""
+
     header: Header
     items: tuple[tuple[int, int], ...]  # (nodeid, nlookup) pairs
 
 
 @_request("getattr")
 class Getattr(Request):
+    """GETATTR: the attributes of inode `header.nodeid` (`fh` when `flags` has FUSE_GETATTR_FH)."""
+
     header: Header
     flags: int
     fh: int  # meaningful when flags & FUSE_GETATTR_FH
@@ -105,6 +118,8 @@ class Getattr(Request):
 
 @_request("setattr")
 class Setattr(Request):
+    """SETATTR: new attributes of inode `header.nodeid`; only those the FATTR_* bits of `valid` name apply."""
+
     header: Header
     valid: int  # FATTR_* bits saying which fields below apply
     fh: int
@@ -120,11 +135,15 @@ class Setattr(Request):
 
 @_request("readlink")
 class Readlink(Request):
+    """READLINK: the target of symlink `header.nodeid`."""
+
     header: Header
 
 
 @_request("symlink")
 class Symlink(Request):  # nodeid: the parent directory
+    """SYMLINK: a symlink `name` to `target` in directory `header.nodeid`."""
+
     header: Header
     name: bytes
     target: bytes
@@ -132,6 +151,8 @@ class Symlink(Request):  # nodeid: the parent directory
 
 @_request("mknod")
 class Mknod(Request):
+    """MKNOD: a node `name` of `mode` (device `rdev`) in directory `header.nodeid`; `umask`: the caller's."""
+
     header: Header
     name: bytes
     mode: int
@@ -141,6 +162,8 @@ class Mknod(Request):
 
 @_request("mkdir")
 class Mkdir(Request):
+    """MKDIR: a directory `name` of `mode` in directory `header.nodeid`; `umask`: the caller's."""
+
     header: Header
     name: bytes
     mode: int
@@ -149,18 +172,24 @@ class Mkdir(Request):
 
 @_request("unlink")
 class Unlink(Request):
+    """UNLINK: the entry `name` to remove from directory `header.nodeid`."""
+
     header: Header
     name: bytes
 
 
 @_request("rmdir")
 class Rmdir(Request):
+    """RMDIR: the directory `name` to remove from directory `header.nodeid`."""
+
     header: Header
     name: bytes
 
 
 @_request("rename")
 class Rename(Request):  # RENAME and RENAME2; nodeid: the old parent
+    """RENAME / RENAME2: `name` in directory `header.nodeid` becomes `newname` in `newdir`, as `flags` say."""
+
     header: Header
     name: bytes
     newdir: int
@@ -170,6 +199,8 @@ class Rename(Request):  # RENAME and RENAME2; nodeid: the old parent
 
 @_request("link")
 class Link(Request):  # nodeid: the new parent
+    """LINK: a new name `name` in directory `header.nodeid` for inode `oldnodeid`."""
+
     header: Header
     oldnodeid: int
     name: bytes
@@ -177,6 +208,8 @@ class Link(Request):  # nodeid: the new parent
 
 @_request("open")
 class Open(Request):
+    """OPEN: open inode `header.nodeid` with the open(2) `flags`; `open_flags`: FUSE_OPEN_* bits."""
+
     header: Header
     flags: int       # the open(2) flags
     open_flags: int  # FUSE_OPEN_KILL_SUIDGID
@@ -184,6 +217,8 @@ class Open(Request):
 
 @_request("read")
 class Read(Request):
+    """READ: `size` bytes at `offset` of handle `fh`."""
+
     header: Header
     fh: int
     offset: int
@@ -195,6 +230,9 @@ class Read(Request):
 
 @_request("write")
 class Write(Request):
+    """WRITE: `size` bytes at `offset` of handle `fh`, the data in `pieces`; `lock_owner` is the
+    writer's file-descriptor table when `write_flags` has FUSE_WRITE_LOCKOWNER."""
+
     header: Header
     fh: int
     offset: int
@@ -216,11 +254,15 @@ class Write(Request):
 
 @_request("statfs")
 class Statfs(Request):
+    """STATFS: the filesystem's statistics."""
+
     header: Header
 
 
 @_request("release")
 class Release(Request):
+    """RELEASE: the last reference to handle `fh` is gone (`flags`: those it was opened with)."""
+
     header: Header
     fh: int
     flags: int
@@ -230,11 +272,13 @@ class Release(Request):
 
 @_request("releasedir")
 class Releasedir(Release):
-    pass
+    """RELEASEDIR: the last reference to directory handle `fh` is gone (fields as for RELEASE)."""
 
 
 @_request("fsync")
 class Fsync(Request):
+    """FSYNC: make handle `fh`'s file durable (`datasync`: its data only)."""
+
     header: Header
     fh: int
     fsync_flags: int
@@ -246,11 +290,13 @@ class Fsync(Request):
 
 @_request("fsyncdir")
 class Fsyncdir(Fsync):
-    pass
+    """FSYNCDIR: make directory handle `fh` durable (fields as for FSYNC)."""
 
 
 @_request("setxattr")
 class Setxattr(Request):
+    """SETXATTR: extended attribute `name` of inode `header.nodeid` set to `value`, as `flags` allow."""
+
     header: Header
     name: bytes
     value: bytes
@@ -260,6 +306,8 @@ class Setxattr(Request):
 
 @_request("getxattr")
 class Getxattr(Request):
+    """GETXATTR: the value of extended attribute `name` of inode `header.nodeid`, `size` bytes at most."""
+
     header: Header
     name: bytes
     size: int  # 0: the caller asks for the value's size
@@ -267,18 +315,24 @@ class Getxattr(Request):
 
 @_request("listxattr")
 class Listxattr(Request):
+    """LISTXATTR: the extended attribute names of inode `header.nodeid`, `size` bytes at most."""
+
     header: Header
     size: int  # 0: the caller asks for the list's size
 
 
 @_request("removexattr")
 class Removexattr(Request):
+    """REMOVEXATTR: extended attribute `name` of inode `header.nodeid`, to remove."""
+
     header: Header
     name: bytes
 
 
 @_request("flush")
 class Flush(Request):
+    """FLUSH: a close() of a descriptor of handle `fh`, by file-descriptor table `lock_owner`."""
+
     header: Header
     fh: int
     lock_owner: int
@@ -286,6 +340,8 @@ class Flush(Request):
 
 @_request("opendir")
 class Opendir(Request):
+    """OPENDIR: open directory `header.nodeid` (`flags`, `open_flags` as for OPEN)."""
+
     header: Header
     flags: int
     open_flags: int
@@ -293,6 +349,9 @@ class Opendir(Request):
 
 @_request("readdir")
 class Readdir(Request):  # READDIR and READDIRPLUS
+    """READDIR / READDIRPLUS (`plus`): `size` bytes at most of directory handle `fh`'s entries after
+    cookie `offset`."""
+
     header: Header
     fh: int
     offset: int  # 0, or the `off` cookie of the last entry already returned
@@ -302,12 +361,16 @@ class Readdir(Request):  # READDIR and READDIRPLUS
 
 @_request("access")
 class Access(Request):
+    """ACCESS: whether the caller may use inode `header.nodeid` as `mask` (R_OK, W_OK, X_OK) asks."""
+
     header: Header
     mask: int
 
 
 @_request("create")
 class Create(Request):  # nodeid: the parent directory
+    """CREATE: a regular file `name` of `mode` in directory `header.nodeid`, opened with `flags`."""
+
     header: Header
     name: bytes
     flags: int
@@ -318,22 +381,30 @@ class Create(Request):  # nodeid: the parent directory
 
 @_request("interrupt")
 class Interrupt(Request):
+    """INTERRUPT: the kernel gives up on request `target` (its unique)."""
+
     header: Header
     target: int  # the unique of the request to interrupt
 
 
 @_request("destroy")
 class Destroy(Request):
+    """DESTROY: the kernel is done with the filesystem."""
+
     header: Header
 
 
 @_request("syncfs")
 class Syncfs(Request):
+    """SYNCFS: make the whole filesystem durable."""
+
     header: Header
 
 
 @_request("lseek")
 class Lseek(Request):
+    """LSEEK: the next data or hole (`whence`) at or after `offset` of handle `fh`."""
+
     header: Header
     fh: int
     offset: int
@@ -342,6 +413,8 @@ class Lseek(Request):
 
 @_request("fallocate")
 class Fallocate(Request):
+    """FALLOCATE: allocate, punch or zero `length` bytes at `offset` of handle `fh`, as `mode` says."""
+
     header: Header
     fh: int
     offset: int
@@ -351,6 +424,9 @@ class Fallocate(Request):
 
 @_request("copy_file_range")
 class CopyFileRange(Request):  # COPY_FILE_RANGE, or COPY_FILE_RANGE_64 (`wide`: a 64-bit reply)
+    """COPY_FILE_RANGE(_64): `length` bytes from `off_in` of handle `fh_in` to `off_out` of `fh_out`
+    (inode `nodeid_out`)."""
+
     header: Header
     fh_in: int
     off_in: int
@@ -364,5 +440,7 @@ class CopyFileRange(Request):  # COPY_FILE_RANGE, or COPY_FILE_RANGE_64 (`wide`:
 
 @_request("")
 class Unsupported(Request):  # an opcode this codec does not parse: the session replies ENOSYS
+    """Any request whose `opcode` this codec does not parse."""
+
     header: Header
     opcode: int

@@ -2,7 +2,7 @@
 
 Lifecycle::
 
-    s = Session(handler, "/mnt", threads=4)
+    s = Session(handler, "/mnt", SessionConfig(threads=4), SessionHooks(...))
     s.mount()      # open /dev/fuse; mount(2) as root, else fusermount3
     s.start()      # answer INIT (negotiate.py), then start the worker threads
     ...            # serve until unmounted (`umount`, s.unmount()) or aborted
@@ -90,6 +90,8 @@ import os
 import select
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from . import abi, mount as _mount
 from .negotiate import DEFAULT_WANT, Negotiated, negotiate
@@ -157,27 +159,49 @@ def _errno_of(exc: BaseException, what: str) -> int:
     return errno.EIO
 
 
+@dataclass(frozen=True)
+class SessionConfig:
+    """How a Session mounts and what it asks the kernel for at INIT."""
+    threads: int | None = None  # workers reading /dev/fuse (None: the CPU count)
+    fsname: str = "ckptfs"
+    subtype: str = "ckptfs"
+    allow_other: bool = True
+    default_permissions: bool = True
+    want: int = DEFAULT_WANT  # INIT flags asked for (negotiate.py)
+    max_write: int | None = None  # None: as large as the kernel's max_pages limit allows
+    grain: int | None = None  # max_write stays a whole number of these (chunks) when the limit cuts it
+    raise_max_pages: bool = False  # as root, raise the max_pages sysctl to fit max_write / max_read
+    max_read: int | None = None  # direct_io READs up to this (max_pages beyond max_write's), see negotiate
+    use_fusermount: bool | None = None  # None: when not root
+
+
+@dataclass(frozen=True)
+class SessionHooks:
+    """The calls a Session makes around each request, in the worker thread (module docstring):
+    `write_buffer(worker)` the buffers the next read scatters the payload over; `on_read(req)` as
+    soon as a request is parsed; `after_reply()` once a request is over; `settle` (`due_in()`,
+    `wake_due()`) lets those wake-ups wait for a pause in requests."""
+    write_buffer: Callable | None = None
+    on_read: Callable | None = None
+    after_reply: Callable | None = None
+    settle: object | None = None
+
+
 class Session:
-    def __init__(self, handler, mountpoint: str, *, threads: int | None = None, fsname: str = "ckptfs",
-                 subtype: str = "ckptfs", allow_other: bool = True, default_permissions: bool = True,
-                 want: int = DEFAULT_WANT, max_write: int | None = None, grain: int | None = None,
-                 raise_max_pages: bool = False, max_read: int | None = None,
-                 write_buffer=None, after_reply=None, on_read=None, settle=None,
-                 use_fusermount: bool | None = None):
+    """The FUSE server of one mount: its /dev/fuse descriptors, worker threads, the kernel's order
+    of requests (`order`), the readers' turns (`readers`) and the per-method request counts."""
+
+    def __init__(self, handler, mountpoint: str, config: SessionConfig = SessionConfig(),
+                 hooks: SessionHooks = SessionHooks()):
         self.handler = handler
         self.mountpoint = os.path.abspath(mountpoint)
-        self.threads = threads or default_threads()
-        self.fsname, self.subtype = fsname, subtype
-        self.allow_other, self.default_permissions = allow_other, default_permissions
-        self.want, self.max_write = want, max_write
-        self.grain = grain  # max_write stays a whole number of these (chunks) when the limit cuts it
-        self.raise_max_pages = raise_max_pages
-        self.max_read = max_read  # direct_io READs up to this (max_pages beyond max_write's), see negotiate
-        self.write_buffer = write_buffer
-        self.after_reply = after_reply
-        self.on_read = on_read
-        self.settle = settle  # .due_in() / .wake_due(): a worker wakes it once requests pause
-        self.use_fusermount = os.geteuid() != 0 if use_fusermount is None else use_fusermount
+        self.config = config
+        self.threads = config.threads or default_threads()
+        self.fsname = config.fsname
+        self.write_buffer, self.on_read = hooks.write_buffer, hooks.on_read
+        self.after_reply, self.settle = hooks.after_reply, hooks.settle
+        self.use_fusermount = os.geteuid() != 0 if config.use_fusermount is None else config.use_fusermount
+        self._worker_exit = None  # the handler's optional worker_exit(), found at start()
         self.fd: int | None = None
         self.negotiated: Negotiated | None = None
         self._setxattr_ext = False  # negotiated.setxattr_ext, read by every parse
@@ -201,21 +225,21 @@ class Session:
     # ---- lifecycle -----------------------------------------------------------------
     def mount(self) -> None:
         limit = _mount.max_pages_limit()
-        if self.raise_max_pages and self.max_write and os.geteuid() == 0:
-            limit = _mount.raise_max_pages_limit(-(-max(self.max_write, self.max_read or 0) // abi.PAGE_SIZE) + 1)
+        if self.config.raise_max_pages and self.config.max_write and os.geteuid() == 0:
+            limit = _mount.raise_max_pages_limit(-(-max(self.config.max_write, self.config.max_read or 0) // abi.PAGE_SIZE) + 1)
         self._pages_limit = limit
-        options = dict(uid=os.getuid(), gid=os.getgid(), allow_other=self.allow_other,
-                       default_permissions=self.default_permissions)
+        options = dict(uid=os.getuid(), gid=os.getgid(), allow_other=self.config.allow_other,
+                       default_permissions=self.config.default_permissions)
         if self.use_fusermount:
-            names = [f"fsname={self.fsname}", f"subtype={self.subtype}", "nosuid", "nodev"]
-            names += [o for o, on in (("allow_other", self.allow_other),
-                                      ("default_permissions", self.default_permissions)) if on]
+            names = [f"fsname={self.fsname}", f"subtype={self.config.subtype}", "nosuid", "nodev"]
+            names += [o for o, on in (("allow_other", self.config.allow_other),
+                                      ("default_permissions", self.config.default_permissions)) if on]
             self.fd = _mount.fusermount(self.mountpoint, ",".join(names))
         else:
             self.fd = _mount.open_device()
             try:
                 _mount.kernel_mount(self.fd, self.mountpoint, _mount.mount_data(self.fd, **options),
-                                    fsname=self.fsname, subtype=self.subtype)
+                                    fsname=self.fsname, subtype=self.config.subtype)
             except OSError:
                 os.close(self.fd)
                 self.fd = None
@@ -228,7 +252,7 @@ class Session:
             raise RuntimeError("start() before mount()")
         if self._pages_limit is None:
             self._pages_limit = _mount.max_pages_limit()
-        want_size = self.max_write or self._pages_limit * abi.PAGE_SIZE
+        want_size = self.config.max_write or self._pages_limit * abi.PAGE_SIZE
         hdr = bytearray(abi.WRITE_HEADER_SIZE)
         payload = bytearray(max(want_size, NON_WRITE_ROOM))
         while True:
@@ -243,8 +267,8 @@ class Session:
         if not isinstance(req, Init):
             raise ProtocolError(f"the first request is opcode {h.opcode}, not INIT")
         try:
-            out, neg = negotiate(req, want=self.want, max_write=self.max_write, grain=self.grain,
-                                 max_pages_limit=self._pages_limit, max_read=self.max_read)
+            out, neg = negotiate(req, want=self.config.want, max_write=self.config.max_write, grain=self.config.grain,
+                                 max_pages_limit=self._pages_limit, max_read=self.config.max_read)
             init = getattr(self.handler, "init", None)
             if init is not None:
                 init(neg)
@@ -261,6 +285,7 @@ class Session:
                      "removexattr flush opendir readdir releasedir fsyncdir access create destroy syncfs "
                      "lseek fallocate copy_file_range interrupt").split():
             self._methods[name] = getattr(self.handler, name, None)
+        self._worker_exit = getattr(self.handler, "worker_exit", None)
         if not self._send(self.fd, frame(h.unique, out), h.unique):
             raise OSError(errno.EIO, f"the kernel refused the INIT reply for {self.mountpoint}")
         fds = [self.fd]
@@ -474,9 +499,9 @@ class Session:
             self._last_payload.pop(index, None)
             if self.settle is not None:
                 self.settle.wake_due()  # a spare leaving (or the end): no wake-up goes with it
-            if left and hasattr(self.handler, "worker_exit"):
+            if left and self._worker_exit is not None:
                 try:
-                    self.handler.worker_exit()
+                    self._worker_exit()
                 except Exception:  # noqa: BLE001
                     log.exception("worker_exit failed")
             if fd != self.fd:
