@@ -105,7 +105,8 @@ def counters(mp: Path) -> dict[str, int]:
     with Client(control_path(str(mp))) as c:
         st = c.request({"op": "status", "limit": 0})["status"]
     names = {op.name.lower() for op in Op}
-    got = {k: v for k, v in (st.get("engine_stats") or {}).items() if k in names}
+    got = {k: v for k, v in ((st.get("engine_stats") or {}).get("session") or {}).get("requests", {}).items()
+           if k in names}
     got["device bytes"] = sum(d["bytes_written"] for d in st["pool"]["devices"])
     return got
 

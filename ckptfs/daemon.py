@@ -38,7 +38,7 @@ from .fs.namespace import ROOT_INO
 from .fuse.native import NativeEngine
 from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
-from .ops.control import XATTR as CONTROL_XATTR, ControlServer, socket_path
+from .ops.control import XATTR as CONTROL_XATTR, ControlServer, plain, socket_path
 from .ops.monitor import Monitor
 from .replicate import lineage, restore, tree
 from .replicate.client import S3Error, Target
@@ -54,6 +54,14 @@ from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
 log = logging.getLogger("ckptfs.daemon")
 REPLICATED = "replicated"  # user.ckptfs.state of a durable file named in a standing manifest
 READAHEAD_KIB = 4096
+
+
+def _log_fields(stats) -> dict:
+    """The engine's statistics as one flat log line: requests per method, then the rest, the
+    lock's counts as lock_*."""
+    d = plain(stats)
+    session, lock = d.pop("session"), d.pop("lock") or {}
+    return {**session.pop("requests"), **session, **d, **{f"lock_{k}": v for k, v in lock.items()}}
 
 
 @dataclass
@@ -376,7 +384,7 @@ class _Daemon:
             if self.native is not None:
                 await trio.to_thread.run_sync(self.native.wait, abandon_on_cancel=True)
                 store.loop.uninstall()  # no worker thread is left to share the core with
-                log.info("engine.statistics", extra={"fields": self.native.statistics()})
+                log.info("engine.statistics", extra={"fields": _log_fields(self.native.statistics())})
             else:
                 await self.pyfuse3.serve()
             if restorer is not None:
@@ -398,8 +406,8 @@ class _Daemon:
         done = await replicator.finish(self.cfg.replicate_finish)
         st = replicator.statistics()
         log.info("replicate.stopped", extra={"fields": {
-            "replicated": done, "generation": st["generation"], "bytes_uploaded": st["bytes_uploaded"],
-            "failing": (st["failing"] or {}).get("message")}})
+            "replicated": done, "generation": st.generation, "bytes_uploaded": st.bytes_uploaded,
+            "failing": (st.failing or {}).get("message")}})
 
     async def _watch_signals(self) -> None:
         """SIGTERM/SIGINT: unmount (lazily) so the engine stops serving and the drain runs."""

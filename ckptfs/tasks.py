@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from dataclasses import dataclass
 
 import outcome
 import trio
@@ -251,7 +252,16 @@ class LoopLock(trio.abc.Instrument):
         for fn, args in pending:
             fn(*args)
 
-    def statistics(self) -> dict[str, float]:
-        return {"acquired": self.acquired, "waits": self.waits, "wait_s": self.wait_s,
-                "max_wait_s": self.max_wait_s, "trio_passes": self.passes,
-                "settled_wakes": self.settled}
+    def statistics(self) -> "LockStats":
+        return LockStats(self.acquired, self.waits, self.wait_s, self.max_wait_s, self.passes, self.settled)
+
+
+@dataclass(frozen=True)
+class LockStats:
+    """One reading of a LoopLock's counters (`LoopLock.statistics()`)."""
+    acquired: int  # acquisitions by other threads
+    waits: int  # ... that had to wait
+    wait_s: float  # their total wait
+    max_wait_s: float
+    trio_passes: int  # times the trio thread came out of its I/O wait
+    settled_wakes: int  # wake-ups that waited for a pause in requests

@@ -128,7 +128,7 @@ def test_64mib_from_four_writer_processes_at_once(memfs):
             h.update(block)
     assert h.hexdigest() == want
     assert fs.adopted >= 32 and fs.copied > 0  # most payloads landed in their chunk with no copy
-    assert s.statistics().get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
+    assert s.statistics().requests.get("write", 0) >= 16 + 16 + 4 + 16  # at least one request per write()
 
 
 @pytest.mark.mount
@@ -152,8 +152,8 @@ def test_a_client_sending_one_request_at_a_time_is_served_by_one_worker(memfs):
     st1, by = s.statistics(), fs.getxattr_by[start:]
     assert len(by) == 300
     switches = sum(a != b for a, b in zip(by, by[1:]))
-    woken = st1["readers_woken"] - st0["readers_woken"]
-    assert st1["readers_activated"] == st0["readers_activated"]  # nothing made every worker read
+    woken = st1.readers_woken - st0.readers_woken
+    assert st1.readers_activated == st0.readers_activated  # nothing made every worker read
     assert switches <= 3 * woken, f"{switches} switches of worker, {woken} wake-ups: {by}"
 
 
@@ -199,7 +199,7 @@ def test_requests_queued_behind_a_slow_handler_wake_parked_workers(memfs):
         t.join(10)
     assert got == [b"1"] * 6
     after = s.statistics()
-    assert after["readers_woken"] + after["readers_activated"] > before["readers_woken"] + before["readers_activated"]
+    assert after.readers_woken + after.readers_activated > before.readers_woken + before.readers_activated
 
 
 class Settle:
@@ -297,11 +297,11 @@ def test_requests_of_four_chunks_scatter_over_four_buffers(tmp_path):
         try:
             assert os.pwrite(fd, aligned, 0) == 16 * CHUNK
             assert os.pwrite(fd, unaligned, 16 * CHUNK) == 16 * CHUNK
-            assert (fs.adopted, fs.copied, s.statistics()["write"]) == (32, 0, 8)
+            assert (fs.adopted, fs.copied, s.statistics().requests["write"]) == (32, 0, 8)
             assert os.pwrite(fd, odd, 40 * CHUNK + 5) == len(odd)
         finally:
             os.close(fd)
-        assert fs.adopted == 32 and s.statistics()["write"] == 8 + 3 and fs.copied == 9  # 4 + 4 + 1 pieces
+        assert fs.adopted == 32 and s.statistics().requests["write"] == 8 + 3 and fs.copied == 9  # 4 + 4 + 1 pieces
         want = bytes(aligned) + unaligned + bytes(8 * CHUNK + 5) + odd
         fd = os.open(mnt / "f", os.O_RDONLY)
         try:
@@ -452,7 +452,7 @@ def test_interrupt_reaches_a_waiting_handler(memfs):
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert s.statistics().get("interrupt", 0) >= 1
+    assert s.statistics().requests.get("interrupt", 0) >= 1
 
 
 @pytest.mark.mount
@@ -467,7 +467,7 @@ def test_a_spare_worker_serves_while_every_worker_waits_and_leaves_after(tmp_pat
         got = []
         t = threading.Thread(target=lambda: got.append(os.getxattr(mnt / "f", WAIT_XATTR)))
         t.start()
-        poll(lambda: s.statistics()["spares_started"] == 1, "a spare worker")
+        poll(lambda: s.statistics().spares_started == 1, "a spare worker")
         for i in range(20):  # served by the spare while the only worker waits
             (mnt / f"g{i}").write_bytes(b"y")
         assert sorted(os.listdir(mnt))[:2] == ["f", "g0"] and not got
@@ -479,7 +479,7 @@ def test_a_spare_worker_serves_while_every_worker_waits_and_leaves_after(tmp_pat
             os.stat(mnt / "f")  # a request: the spare that reads one while the worker is free leaves
             return s.alive() == 1
         poll(left, "the spare to leave")
-        assert fs.exits == 1 and s.statistics()["spares_started"] == 1
+        assert fs.exits == 1 and s.statistics().spares_started == 1
     finally:
         fs.released.set()
         unmount_quietly(mnt)
@@ -650,7 +650,7 @@ def test_session_survives_garbage_and_bad_handlers():
         k.kernel.send(request(Op.FORGET, abi.FORGET_IN.pack(1), unique=26))  # no reply, ENOSYS or not
         assert k.ask(request(Op.SYNCFS, bytes(8), unique=28))[:2] == (0, 28)
         stats = k.session.statistics()
-        assert stats["syncfs"] == 2 and stats["errors"] >= 6
-        assert stats["unsupported_ioctl"] == 1
+        assert stats.requests["syncfs"] == 2 and stats.errors >= 6
+        assert stats.requests["unsupported_ioctl"] == 1
     finally:
         k.close()

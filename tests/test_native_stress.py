@@ -143,9 +143,9 @@ def test_many_writers_readers_and_churn_keep_every_invariant(tmp_path):
         for name, digest in expected.items():
             assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest, name
         stats = engine.statistics()
-        assert stats["adopted"] > 0 and stats["copied"] > 0  # both paths ran
+        assert stats.adopted > 0 and stats.copied > 0  # both paths ran
         if os.geteuid() == 0:  # requests of 3 chunks (48 slots for 4 workers), read into 3 lent slots
-            assert stats["max_write"] == 3 * MiB
+            assert stats.max_write == 3 * MiB
     finally:
         stop.set()
         engine.session.unmount()
@@ -246,7 +246,7 @@ def _mount_native(driver: Driver, mnt, threads: int = 2, request_bytes: int = 4 
     return engine
 
 
-def _unmount_native(driver: Driver, engine: NativeEngine) -> dict:
+def _unmount_native(driver: Driver, engine: NativeEngine):
     stats = engine.statistics()
     engine.session.unmount()
     engine.wait()  # gives the lent slots back
@@ -318,12 +318,12 @@ def test_multichunk_writes_byte_for_byte_after_remount(tmp_path):
     finally:
         stats = _unmount_native(driver, engine)
     if os.geteuid() == 0:
-        assert stats["max_write"] == 4 * MiB  # 64 slots for 2 workers: 4 chunks a request
-        assert stats["adopted"] >= 36  # the first 36 MiB: aligned 8 MiB writes, then a 4 MiB bytes
-        assert stats["shifted"] > 0  # the 40 MiB write 333 bytes off the grid
-        assert stats["shifted_adopted"] > 0  # ... its requests' first pieces too, each chunk's head copied in
-        assert stats["realigned"] > 0  # writes off the grid read at another shift, moved onto it first
-    assert stats["copied"] > 0
+        assert stats.max_write == 4 * MiB  # 64 slots for 2 workers: 4 chunks a request
+        assert stats.adopted >= 36  # the first 36 MiB: aligned 8 MiB writes, then a 4 MiB bytes
+        assert stats.shifted > 0  # the 40 MiB write 333 bytes off the grid
+        assert stats.shifted_adopted > 0  # ... its requests' first pieces too, each chunk's head copied in
+        assert stats.realigned > 0  # writes off the grid read at another shift, moved onto it first
+    assert stats.copied > 0
     driver.call_sync(_check_invariants, driver)
     driver.unmount()
 
@@ -368,8 +368,8 @@ def test_a_sequential_writers_next_write_is_read_shifted_from_its_first_request(
         assert (mnt / "f").read_bytes() == b"".join(data)
     finally:
         stats = _unmount_native(driver, engine)
-    assert stats["max_write"] == 4 * MiB
-    assert stats["shifted_adopted"] == 6  # 2 full requests per 8 MiB write(), the first ones included
+    assert stats.max_write == 4 * MiB
+    assert stats.shifted_adopted == 6  # 2 full requests per 8 MiB write(), the first ones included
     driver.call_sync(_check_invariants, driver)
     driver.kill()
 
@@ -402,9 +402,9 @@ def test_writes_that_interleave_at_other_shifts_are_moved_onto_the_grid(tmp_path
             assert (mnt / name).read_bytes() == b"".join(parts)
     finally:
         stats = _unmount_native(driver, engine)
-    assert stats["max_write"] == 4 * MiB
-    assert stats["realigned"] == 6  # the first request of each 8 MiB write()
-    assert stats["shifted_adopted"] == 12  # every full request's first piece (6 without the move)
+    assert stats.max_write == 4 * MiB
+    assert stats.realigned == 6  # the first request of each 8 MiB write()
+    assert stats.shifted_adopted == 12  # every full request's first piece (6 without the move)
     driver.call_sync(_check_invariants, driver)
     driver.unmount()
 

@@ -488,7 +488,7 @@ def test_a_read_only_close_costs_no_flush_and_a_writers_close_still_commits(ckpt
     if ckpt.engine != "native":
         pytest.skip("pyfuse3 has no FOPEN_NOFLUSH")
     f = ckpt.path / "w.bin"
-    flushes = lambda: status_json(ckpt)["engine_stats"].get("flush", 0)  # noqa: E731
+    flushes = lambda: status_json(ckpt)["engine_stats"]["session"]["requests"].get("flush", 0)  # noqa: E731
     before = flushes()
     f.write_bytes(b"x" * 5000)
     assert ckpt.path.joinpath("w.bin").stat().st_size == 5000
@@ -515,7 +515,7 @@ def test_a_closed_file_is_committed_once_its_writer_pauses_with_no_other_wake_up
     durable only by the next request (here, the next look at their state) or a timer."""
     if ckpt.engine != "native":
         pytest.skip("settling is the native engine's")
-    before = status_json(ckpt)["engine_stats"]["lock_settled_wakes"]
+    before = status_json(ckpt)["engine_stats"]["lock"]["settled_wakes"]
     states = []
     for i in range(5):
         f = ckpt.path / f"idle{i}.bin"
@@ -524,7 +524,7 @@ def test_a_closed_file_is_committed_once_its_writer_pauses_with_no_other_wake_up
         poll(lambda: ckptfs.state(f) in ("durable", "replicated"), None, timeout=30, every=0.2)
         states.append(ckptfs.state(f))
     assert states == ["durable"] * 5
-    assert status_json(ckpt)["engine_stats"]["lock_settled_wakes"] > before
+    assert status_json(ckpt)["engine_stats"]["lock"]["settled_wakes"] > before
 
 
 def test_a_forked_childs_close_of_an_inherited_descriptor_commits_nothing(ckpt):
@@ -590,7 +590,7 @@ def test_a_writer_stuck_behind_a_stalled_drain_dies_at_kill_9_and_a_signal_does_
         poll(stuck, "both writers to block on memory", timeout=60)
         res = subprocess.run(["ls", "-l", str(m.path)], capture_output=True, text=True, timeout=20)
         assert res.returncode == 0 and "signalled" in res.stdout
-        assert status_json(m)["engine_stats"]["spares_started"] >= 1
+        assert status_json(m)["engine_stats"]["session"]["spares_started"] >= 1
         for _ in range(5):
             procs["signalled"].send_signal(signal.SIGUSR1)
             time.sleep(0.1)

@@ -175,7 +175,7 @@ def test_copy_file_range(d, mnt, engine):
     data = os.urandom(5 * chunk + 123)
     (d / "src").write_bytes(data)
     (d / "dst").write_bytes(b"\xee" * 100)
-    before = _status(mnt).get("engine_stats", {})
+    before = _status(mnt).get("engine_stats", {}).get("session", {}).get("requests", {})
     fin, fout = os.open(d / "src", os.O_RDONLY), os.open(d / "dst", os.O_RDWR)
     try:
         assert copy_range(fin, fout, len(data) + 1000, 0, 0) == len(data)
@@ -190,7 +190,7 @@ def test_copy_file_range(d, mnt, engine):
     finally:
         os.close(fin)
         os.close(fout)
-    after = _status(mnt).get("engine_stats", {})
+    after = _status(mnt).get("engine_stats", {}).get("session", {}).get("requests", {})
     if engine == "native":
         assert after["copy_file_range"] > before.get("copy_file_range", 0)
         assert after["write"] - before["write"] <= 2  # the two write_bytes' own, no copy's
@@ -583,10 +583,10 @@ def test_read_only_opens_go_direct_where_the_kernel_maps_direct_io_files(d, mnt,
     assert p.read_bytes() == data
     if engine != "native":
         return
-    before = _status(mnt)["engine_stats"]["read"]
+    before = _status(mnt)["engine_stats"]["session"]["requests"]["read"]
     with open(p, "rb", buffering=0) as f:
         assert f.read(len(data)) == data
-    n = _status(mnt)["engine_stats"]["read"] - before
+    n = _status(mnt)["engine_stats"]["session"]["requests"]["read"] - before
     assert (n > 0) == (want == "direct")
     if want == "direct" and os.geteuid() == 0:  # max_pages raised: READs of up to 16 chunks
         assert n <= 4, f"{n} READ requests for 40 MiB"
@@ -600,7 +600,7 @@ def test_small_files_are_read_through_the_page_cache_and_stay_coherent(d, mnt):
     open, by read and mmap."""
     if _reads(mnt) != "direct":
         pytest.skip("read-only opens use the page cache here anyway")
-    reads = lambda: _status(mnt)["engine_stats"].get("read", 0)  # noqa: E731
+    reads = lambda: _status(mnt)["engine_stats"]["session"]["requests"].get("read", 0)  # noqa: E731
     p = d / "ck"
     old = os.urandom(1_600_000)
     p.write_bytes(old)

@@ -520,7 +520,7 @@ def test_a_remount_without_the_object_store_serves_what_is_local_and_fails_the_r
             await _read_all(mount, b"f.bin")
         assert e.value.errno == errno.EIO and "cannot reach the object store" in str(e.value)
         snap = mount.restorer.statistics()
-        assert snap["state"] == "loading" and "cannot reach the object store" in snap["last_error"]
+        assert snap.state == "loading" and "cannot reach the object store" in snap.last_error
 
     _serve(again, check)
 
@@ -559,6 +559,6 @@ def test_a_corrupt_chunk_fails_alone_its_neighbours_in_the_same_get_are_restored
             assert e.value.errno == errno.EIO and "checksum mismatch" in str(e.value) and "chunk 2" in str(e.value)
         finally:
             await mount.afs.release(fh)
-        assert "chunk 2" in r.statistics()["last_error"]
+        assert "chunk 2" in r.statistics().last_error
 
     _serve(mount, check)

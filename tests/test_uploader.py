@@ -95,8 +95,8 @@ def test_calls_go_through_the_process_bit_exact_and_errors_keep_their_types(s3, 
             await up.manifest(1)
         with pytest.raises(NoSuchUpload):
             await up.complete_upload("objects/x", "no-such-upload-id", ["etag"])
-        pid = up.statistics()["pid"]
-        assert pid in children(os.getpid()) and up.statistics()["starts"] == 1
+        pid = up.statistics().pid
+        assert pid in children(os.getpid()) and up.statistics().starts == 1
         await up.delete(["objects/small"])
         return listed, await up.list("")
 
@@ -129,13 +129,13 @@ def test_put_new_writes_only_where_the_name_is_free_and_knows_its_own_bytes_agai
 def test_a_hung_or_killed_process_fails_the_calls_in_flight_and_the_next_call_restarts_it(s3, bucket):
     async def body(up: Uploader, parts: PartMemory):
         await up.list("")
-        first = up.statistics()["pid"]
+        first = up.statistics().pid
         os.kill(first, signal.SIGSTOP)  # hung: silent, and no CPU used
         with pytest.raises(S3Error) as hung:
             await up.list("")
         assert hung.value.cause == UPLOADER and "did not answer" in str(hung.value), hung.value
         await up.list("")  # a new process
-        second = up.statistics()["pid"]
+        second = up.statistics().pid
         assert second != first and not alive(first)
         os.kill(second, signal.SIGSTOP)
         errors = []
@@ -149,14 +149,14 @@ def test_a_hung_or_killed_process_fails_the_calls_in_flight_and_the_next_call_re
         async with trio.open_nursery() as n:
             for _ in range(3):
                 n.start_soon(waits)
-            while up.statistics()["calls"] < 3:
+            while up.statistics().calls < 3:
                 await trio.sleep(0.01)
             os.kill(second, signal.SIGKILL)
         assert len(errors) == 3 and all(e.cause == UPLOADER and "killed by SIGKILL" in str(e) for e in errors)
         await up.put("objects/after", b"still works")
         st = up.statistics()
-        assert st["starts"] == 3 and st["restarts"] == 2 and "SIGKILL" in st["last_exit"]
-        return st["pid"]
+        assert st.starts == 3 and st.restarts == 2 and "SIGKILL" in st.last_exit
+        return st.pid
 
     last = run_uploader(s3, bucket, body, hang_timeout=1.0)
     poll(lambda: not alive(last), "the process to end with the service")

@@ -35,7 +35,8 @@ COPIERS = {"cp": lambda a, b: subprocess.run(["cp", str(a), str(b)], check=True)
 
 def engine_counts(mp: Path) -> dict[str, int]:
     out = subprocess.run(["ckptfs", "status", "--json", str(mp)], check=True, capture_output=True, text=True)
-    return {k: v for k, v in json.loads(out.stdout).get("engine_stats", {}).items() if isinstance(v, int)}
+    es = json.loads(out.stdout).get("engine_stats") or {}
+    return dict(es["session"]["requests"]) if es else {}
 
 
 def main(argv: list[str] | None = None) -> int:

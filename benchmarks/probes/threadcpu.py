@@ -61,9 +61,14 @@ def engine_counts(mp: Path) -> dict[str, int]:
     status = json.loads(subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mp), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     es = status.get("engine_stats") or {}
-    keys = ("write", "adopted", "copied", "shifted", "shifted_adopted", "realigned", "realigned_bytes",
-            "lock_waits", "lock_wait_s")
-    return {k: es[k] for k in keys if k in es}
+    if not es:
+        return {}
+    lock = es.get("lock") or {}
+    counts = {"write": es["session"]["requests"].get("write", 0), "lock_waits": lock.get("waits", 0),
+              "lock_wait_s": lock.get("wait_s", 0.0)}
+    counts.update({k: es[k] for k in ("adopted", "copied", "shifted", "shifted_adopted", "realigned",
+                                      "realigned_bytes")})
+    return counts
 
 
 def saves(sd: dict, mp: Path, rank: int, n: int, pause: float, start=None) -> None:

@@ -75,6 +75,7 @@ import inspect
 import logging
 import os
 import threading
+from dataclasses import dataclass
 
 import trio
 
@@ -82,8 +83,8 @@ from ..errors import FsError, errno_of
 from ..fs.creds import being_killed
 from ..fs.facade import AsyncFilesystem
 from . import realign
-from .kernel.session import Session, SessionConfig, SessionHooks, default_threads
-from ..tasks import LoopLock
+from .kernel.session import Session, SessionConfig, SessionHooks, SessionStats, default_threads
+from ..tasks import LockStats, LoopLock
 from .native_ops import WANT, Blocked, Operations
 
 log = logging.getLogger("ckptfs.fuse.native")
@@ -479,20 +480,29 @@ class NativeEngine:
     def close(self) -> None:
         self.session.close()
 
-    def statistics(self) -> dict[str, int]:
-        stats = self.session.statistics()
-        stats["adopted"] = self.handler.adopted
-        stats["copied"] = self.handler.copied
-        stats["shifted"] = self.handler.shifted
-        stats["shifted_adopted"] = self.handler.shifted_adopted
-        stats["realigned"] = self.handler.realigned
-        stats["realigned_bytes"] = self.handler.realigned_bytes
-        stats["killed"] = self.handler.killed
-        stats["threads"] = self.session.threads
-        if self.session.negotiated is not None:
-            stats["max_write"] = self.session.negotiated.max_write
-            stats["max_pages"] = self.session.negotiated.max_pages
-        stats["order_gaps"] = self.session.order.gaps
-        if self.loop is not None:
-            stats.update({f"lock_{k}": v for k, v in self.loop.statistics().items()})
-        return stats
+    def statistics(self) -> "EngineStats":
+        neg = self.session.negotiated
+        h = self.handler
+        return EngineStats(self.session.statistics(), h.adopted, h.copied, h.shifted, h.shifted_adopted,
+                           h.realigned, h.realigned_bytes, h.killed, self.session.threads,
+                           neg.max_write if neg is not None else None, neg.max_pages if neg is not None else None,
+                           self.session.order.gaps, self.loop.statistics() if self.loop is not None else None)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One reading of the native engine (`NativeEngine.statistics()`; `engine_stats` in `ckptfs status
+    --json`): its session's requests, how WRITE pieces went in, and the loop lock's waits."""
+    session: SessionStats
+    adopted: int  # WRITE pieces (chunks) whose lent slot became the chunk's memory
+    copied: int  # WRITE pieces copied into their chunks
+    shifted: int  # WRITEs read into a shifted run
+    shifted_adopted: int  # ... whose first piece was adopted
+    realigned: int  # WRITEs moved onto the chunk grid before they were served
+    realigned_bytes: int
+    killed: int  # requests given up because their caller was being killed
+    threads: int
+    max_write: int | None  # negotiated (None before INIT)
+    max_pages: int | None
+    order_gaps: int  # request numbers given up on (interrupted before they were read)
+    lock: LockStats | None  # the loop lock (None: every request on the trio thread)

@@ -83,7 +83,8 @@ def render(st: dict, limit: int = 20):
             head.append(f", reads {st['reads']}")
     es = st.get("engine_stats")
     if es:
-        head.append(f"  requests <= {human_bytes(es.get('max_write', 0))}, {es.get('write', 0)} writes: "
+        head.append(f"  requests <= {human_bytes(es.get('max_write') or 0)}, "
+                    f"{es.get('session', {}).get('requests', {}).get('write', 0)} writes: "
                     f"{es.get('adopted', 0)} chunks adopted, {es.get('copied', 0)} pieces copied, "
                     f"{es.get('realigned', 0)} moved onto the grid")
     if st.get("metrics_url"):

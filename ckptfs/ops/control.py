@@ -42,6 +42,7 @@ A connection may carry several requests, one after another.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -58,6 +59,11 @@ from . import status as status_mod
 from ..errors import FsError
 
 log = logging.getLogger("ckptfs.control")
+
+
+def plain(stats):
+    """A `statistics()` reading (a frozen dataclass) as the JSON status shows it; other values as they are."""
+    return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else stats
 
 MAX_LINE = 1 << 20
 XATTR = "user.ckptfs.control"
@@ -222,8 +228,8 @@ class ControlServer:
 
     def status(self, *, window: float = 2.0, limit: int | None = None) -> dict:
         info = dict(self.info, pid=os.getpid(), control=self.path, time=time.time())
-        info.update({name: fn() for name, fn in self.sections.items()})
-        replication = self.replicator.statistics() if self.replicator is not None else None
+        info.update({name: plain(fn()) for name, fn in self.sections.items()})
+        replication = plain(self.replicator.statistics()) if self.replicator is not None else None
         return status_mod.snapshot(self.store, self.monitor, window=window, limit=limit, info=info,
                                    replication=replication)
 
@@ -320,9 +326,9 @@ class ControlServer:
             k = (sum(1 for i in targets if rep.replicated(i)) if targets is not None
                  else int(rep.covered_seq >= seq))
             st = rep.statistics()
-            failing = st["failing"]
+            failing = st.failing
             return {"event": "progress", "phase": "replicating", "files": n, "durable": k, "bytes": 0, "done": 0,
-                    "replicated": k, "lag": st["lag"], "bytes_uploaded": st["bytes_uploaded"],
+                    "replicated": k, "lag": st.lag, "bytes_uploaded": st.bytes_uploaded,
                     "failing": [],
                     "last_error": f"replication failing ({failing['cause']}): {failing['message']}" if failing else None}
 

@@ -52,6 +52,8 @@ from __future__ import annotations
 import logging
 import math
 
+from .control import plain
+
 log = logging.getLogger("ckptfs.metrics")
 
 
@@ -87,8 +89,8 @@ def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = No
         "unclean": 0 if st.recovery.get("clean", True) else 1,
         "discarded": len(st.recovery.get("discarded", ())),
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
-        "restore": sections["restore"]() if sections and "restore" in sections else None,
-        "replication": replicator.statistics() if replicator is not None else None,
+        "restore": plain(sections["restore"]()) if sections and "restore" in sections else None,
+        "replication": plain(replicator.statistics()) if replicator is not None else None,
     }
 
 

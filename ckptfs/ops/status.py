@@ -29,6 +29,12 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
     schema, mountpoint, devices, pid, control, metrics_url, time, uptime,
     engine            the FUSE front end: pyfuse3 or native; threads: its worker threads;
                       reads: direct (read-only opens bypass the page cache) or page cache
+    engine_stats      (native) session {requests {method: count}, errors, dropped,
+                      spares_started, readers_parked, readers_activated, readers_woken},
+                      adopted, copied, shifted, shifted_adopted, realigned, realigned_bytes,
+                      killed, threads, max_write, max_pages, order_gaps, lock {acquired,
+                      waits, wait_s, max_wait_s, trio_passes, settled_wakes}
+                      (fuse/native.py EngineStats)
     interval          the seconds the rates cover
     pool              capacity, used, chunk_size, devices: [{index, path, capacity,
                       used, health (ok | errors | failing: errors in the last
@@ -55,13 +61,13 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       epoch, half, discarded [what replay dropped: a torn tail, damaged
                       frames], warnings
     all_durable, last_error
-    restore           only while a restore from an object store runs (replicate/restore.py):
+    restore           only while a restore from an object store runs (replicate/restore.py RestoreStats):
                       source, endpoint, generation (of the manifest), state (loading |
                       fetching | syncing | done | failed), files_total, files_restored,
                       bytes_total, bytes_restored, bytes_fetched, demand_fetches,
                       files_pending, errors_total, errors [the last causes], last_error,
                       manifest_time, seconds
-    replication       (only with --replicate) target, started, lag (seconds the oldest
+    replication       (only with --replicate; replicate/replicator.py ReplicationStats) target, started, lag (seconds the oldest
                       durable change not yet in a standing manifest has waited), cycle_running,
                       bytes_uploaded, objects_uploaded, objects (in the store), generation and
                       manifest_time (the newest manifest), journal_seq (its state), covered_seq,
@@ -80,7 +86,7 @@ import os
 from ..fs.namespace import ROOT_INO
 from ..store.store import DRAINING, FAILED, MEMORY, FileState
 
-SCHEMA = 1
+SCHEMA = 2  # 2: engine_stats groups the session's counts and the lock's
 __all__ = ["SCHEMA", "file_states", "snapshot", "paths_of", "files_under", "MEMORY", "DRAINING", "FAILED"]
 
 

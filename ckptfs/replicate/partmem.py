@@ -174,10 +174,18 @@ class PartMemory:
             self.alone = 0
         self.lot.unpark_all()
 
-    def statistics(self) -> dict:
-        return {"budget": self.budget, "in_use": self.in_use, "regions": len(self.regions)}
+    def statistics(self) -> "PartMemoryStats":
+        return PartMemoryStats(self.budget, self.in_use, len(self.regions))
 
     def close(self) -> None:
         for region in self.regions.values():
             region.close()
         self.regions.clear()
+
+
+@dataclass(frozen=True)
+class PartMemoryStats:
+    """One reading of the part buffers (`PartMemory.statistics()`): the budget, bytes lent, regions."""
+    budget: int
+    in_use: int
+    regions: int

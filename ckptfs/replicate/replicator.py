@@ -61,6 +61,7 @@ import logging
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import trio
 
@@ -75,7 +76,7 @@ from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, restoring, same_tree, take
 from .source import read_part
 from .throttle import Throttle
-from .uploader_proc import Uploader
+from .uploader_proc import Uploader, UploaderStats
 
 log = logging.getLogger("ckptfs.replicate")
 
@@ -101,6 +102,36 @@ def _cancelled(e: BaseException) -> bool:
     if isinstance(e, BaseExceptionGroup):
         return e.split(trio.Cancelled)[1] is None
     return isinstance(e, trio.Cancelled)
+
+
+@dataclass(frozen=True)
+class ReplicationStats:
+    """One reading of the replication (`Replicator.statistics()`; `replication` in `ckptfs status`)."""
+    target: str
+    started: bool
+    lag: float  # seconds the oldest durable change not yet in a standing manifest has waited
+    cycle_running: bool
+    bytes_uploaded: int
+    bytes_resumed: int
+    objects_uploaded: int
+    objects: int
+    manifests_written: int
+    objects_deleted: int
+    manifests_deleted: int
+    generation: int
+    manifest_time: float | None
+    journal_seq: int | None
+    covered_seq: int
+    keep: int
+    rate: float | None
+    memory: int
+    read_from_arena: int
+    read_from_devices: int
+    errors: dict  # cause -> failed calls
+    errors_total: int
+    failing: dict | None  # {cause, message} of the call failing now
+    last_error: dict | None  # {cause, message, time}
+    uploader: UploaderStats
 
 
 class Replicator:
@@ -183,23 +214,16 @@ class Replicator:
         since = [t for t in (self.cycle_since, self.pending_since) if t is not None]
         return time.monotonic() - min(since) if since else 0.0
 
-    def statistics(self) -> dict:
+    def statistics(self) -> "ReplicationStats":
         """The replication block of `ckptfs status` (and the metrics)."""
-        return {
-            "target": str(self.target), "started": self.started, "lag": round(self.lag(), 3),
-            "cycle_running": self.cycle_running, "bytes_uploaded": self.bytes_uploaded,
-            "bytes_resumed": self.bytes_resumed,
-            "objects_uploaded": self.objects_uploaded, "objects": len(self.objects),
-            "manifests_written": self.manifests_written, "objects_deleted": self.objects_deleted,
-            "manifests_deleted": self.manifests_deleted, "generation": self.generation,
-            "manifest_time": self.last_manifest_time,
-            "journal_seq": self.standing.journal_seq if self.standing is not None else None,
-            "covered_seq": self.covered_seq, "keep": self.keep, "rate": self.rate, "memory": self.memory,
-            "read_from_arena": self.read_from["arena"], "read_from_devices": self.read_from["device"],
-            "errors": dict(self.errors), "errors_total": sum(self.errors.values()),
-            "failing": None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing)},
-            "last_error": self.last_error, "uploader": self.target.statistics(),
-        }
+        failing = None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing)}
+        return ReplicationStats(
+            str(self.target), self.started, round(self.lag(), 3), self.cycle_running, self.bytes_uploaded,
+            self.bytes_resumed, self.objects_uploaded, len(self.objects), self.manifests_written,
+            self.objects_deleted, self.manifests_deleted, self.generation, self.last_manifest_time,
+            self.standing.journal_seq if self.standing is not None else None, self.covered_seq, self.keep,
+            self.rate, self.memory, self.read_from["arena"], self.read_from["device"], dict(self.errors),
+            sum(self.errors.values()), failing, self.last_error, self.target.statistics())
 
     # ---- waiting -------------------------------------------------------------------
     async def wait_covered(self, seq: int) -> None:

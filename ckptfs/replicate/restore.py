@@ -51,6 +51,7 @@ import logging
 import stat
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import crc32c
 import trio
@@ -493,16 +494,35 @@ class Restorer:
         log.error("restore.error", extra={"fields": {"error": message}})
 
     # ---- reporting --------------------------------------------------------------
-    def statistics(self) -> dict:
-        """For `ckptfs status`, the control API and metrics (JSON-able)."""
-        return {"source": self.source.url, "endpoint": self.source.endpoint, "generation": self.source.generation,
-                "state": self.state, "files_total": self.files_total, "files_restored": self.files_done,
-                "bytes_total": self.bytes_total, "bytes_restored": self.bytes_done,
-                "bytes_fetched": self.bytes_fetched, "demand_fetches": self.demand_fetches,
-                "files_pending": len(self.jobs), "errors_total": self.errors_total,
-                "errors": list(self.errors), "last_error": self.errors[-1] if self.errors else None,
-                "manifest_time": self.manifest.time_ns if self.manifest is not None else None,
-                "seconds": round((self.finished or time.time()) - self.started, 3)}
+    def statistics(self) -> "RestoreStats":
+        """For `ckptfs status`, the control API and metrics."""
+        return RestoreStats(self.source.url, self.source.endpoint, self.source.generation, self.state,
+                            self.files_total, self.files_done, self.bytes_total, self.bytes_done,
+                            self.bytes_fetched, self.demand_fetches, len(self.jobs), self.errors_total,
+                            list(self.errors), self.errors[-1] if self.errors else None,
+                            self.manifest.time_ns if self.manifest is not None else None,
+                            round((self.finished or time.time()) - self.started, 3))
+
+
+@dataclass(frozen=True)
+class RestoreStats:
+    """One reading of a restore (`Restorer.statistics()`; `restore` in `ckptfs status`)."""
+    source: str
+    endpoint: str | None
+    generation: int
+    state: str  # loading, fetching, syncing, done
+    files_total: int
+    files_restored: int
+    bytes_total: int
+    bytes_restored: int
+    bytes_fetched: int  # GET bytes, retries included
+    demand_fetches: int
+    files_pending: int
+    errors_total: int
+    errors: list  # the last ERRORS_KEPT
+    last_error: str | None
+    manifest_time: int | None
+    seconds: float
 
 
 # ---- before serving (tree.py builds the tree) --------------------------------------------

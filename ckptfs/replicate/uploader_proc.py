@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from itertools import count
 
 import trio
@@ -334,14 +335,25 @@ class Uploader:
         finally:
             self._nursery = None
 
-    def statistics(self) -> dict:
+    def statistics(self) -> "UploaderStats":
         proc = self.process
         live = proc is not None and proc.gone is None
-        return {"pid": proc.proc.pid if live else None, "priority": self.priority,
-                "running": bool(live and proc.info is not None), "calls": len(proc.calls) if live else 0,
-                "starts": self.starts,
-                "restarts": max(0, self.starts - 1), "last_exit": self.last_exit,
-                "cpu_s": round(self.cpu_exited + ((cpu_seconds(proc.proc.pid) or 0.0) if live else 0.0), 3)}
+        return UploaderStats(proc.proc.pid if live else None, self.priority, bool(live and proc.info is not None),
+                             len(proc.calls) if live else 0, self.starts, max(0, self.starts - 1), self.last_exit,
+                             round(self.cpu_exited + ((cpu_seconds(proc.proc.pid) or 0.0) if live else 0.0), 3))
+
+
+@dataclass(frozen=True)
+class UploaderStats:
+    """One reading of the uploader process (`Uploader.statistics()`)."""
+    pid: int | None  # None: not running
+    priority: str
+    running: bool
+    calls: int  # calls in flight
+    starts: int
+    restarts: int
+    last_exit: str | None
+    cpu_s: float  # CPU seconds of every uploader process so far
 
 
 async def _send_all(sock, data: bytes) -> None:

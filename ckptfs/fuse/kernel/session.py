@@ -187,6 +187,18 @@ class SessionHooks:
     settle: object | None = None
 
 
+@dataclass(frozen=True)
+class SessionStats:
+    """One reading of a Session's counters (`Session.statistics()`)."""
+    requests: dict  # method name -> requests served
+    errors: int
+    dropped: int
+    spares_started: int
+    readers_parked: int
+    readers_activated: int
+    readers_woken: int
+
+
 class Session:
     """The FUSE server of one mount: its /dev/fuse descriptors, worker threads, the kernel's order
     of requests (`order`), the readers' turns (`readers`) and the per-method request counts."""
@@ -396,18 +408,17 @@ class Session:
             self._spares -= 1
         return True
 
-    def statistics(self) -> dict[str, int]:
-        """Requests served per method, plus 'dropped' (replies the kernel no longer wanted), 'errors'
-        and 'unsupported_<opcode>' (answered ENOSYS: Python's open() sends an IOCTL, isatty)."""
+    def statistics(self) -> "SessionStats":
+        """Requests served per method (`unsupported_<opcode>`: answered ENOSYS, e.g. Python's open()
+        sends an IOCTL), replies that failed (`errors`) or that the kernel no longer wanted
+        (`dropped`), spare workers started and the readers' turns."""
         total: dict[str, int] = {}
         for counts in list(self._counts):
             for k, v in list(counts.items()):
                 total[k] = total.get(k, 0) + v
-        total["spares_started"] = self.spares_started
-        total["readers_parked"] = self.readers.parks
-        total["readers_activated"] = self.readers.activations
-        total["readers_woken"] = self.readers.wakes
-        return total
+        errors, dropped = total.pop("errors", 0), total.pop("dropped", 0)
+        return SessionStats(total, errors, dropped, self.spares_started, self.readers.parks,
+                            self.readers.activations, self.readers.wakes)
 
     # ---- the workers ---------------------------------------------------------------------
     def _payload(self, index: int, own: memoryview) -> list[memoryview]:
