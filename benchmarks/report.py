@@ -400,11 +400,16 @@ def build(status: dict | None = None) -> dict:
         import matplotlib.pyplot as plt
     except ImportError:
         plt = None
-        print("report: matplotlib missing: no plots (make bench-setup installs it)", file=sys.stderr)
+        print("report: matplotlib missing: the plots are not redrawn (make bench-setup installs it)", file=sys.stderr)
     plots = {}
     for case, d in results.items():
-        (RESULTS / f"{case}.png").unlink(missing_ok=True)
-        if d is not None and plt is not None and case in PLOTS:
+        png = RESULTS / f"{case}.png"
+        if plt is None:  # no plotting here: the plots already drawn stay, with their links
+            if d is not None and png.exists():
+                plots[case] = str(png)
+            continue
+        png.unlink(missing_ok=True)  # (a case without results or with a failing plot shows none)
+        if d is not None and case in PLOTS:
             try:
                 plots[case] = str(PLOTS[case](d, plt))
             except Exception as e:  # noqa: BLE001 - a broken plot must not lose the tables
