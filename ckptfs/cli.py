@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .fs.arena import DEFAULT_CHUNK
 from .checks import check_devices, check_fuse_device, check_memory, check_mountpoint
+from . import replicas_cli
 from .errors import UsageError
 from .replicate.priority import PRIORITIES
 from .sizes import parse_size
@@ -84,6 +85,7 @@ def _plan_mount(args) -> MountPlan:
     log_file = None if args.foreground else _log_file(args.log_file, mp)
     check_fuse_device()
     devices = check_devices(args.devices)
+    replicas_cli.s3_options(args)
     restore = _restore_plan(args, given_chunk)
     chunk = (restore.chunk_size if restore is not None and restore.chunk_size else given_chunk) or DEFAULT_CHUNK
     if args.queue_depth < 1:
@@ -140,18 +142,23 @@ def _restore_plan(args, given_chunk: int | None) -> RestorePlan | None:
     --format (a restore builds a new pool); one line and exit 2 otherwise, before anything changes.
     Pins the manifest (its generation, handed to the daemon) and the chunk size to its. None:
     no restore (none asked, or --restore-if-any and nothing replicated yet)."""
-    if args.s3_endpoint is not None and not args.s3_endpoint.startswith(("http://", "https://")):
-        raise UsageError(f"bad --s3-endpoint {args.s3_endpoint!r}: expected http://HOST[:PORT] or https://...")
     if args.restore_concurrency < 1:
         raise UsageError(f"bad --restore-concurrency {args.restore_concurrency}: must be at least 1")
     if args.restore_rate is not None and parse_size(args.restore_rate, what="--restore-rate") <= 0:
         raise UsageError(f"bad --restore-rate {args.restore_rate}: must be a positive size per second")
     if args.restore_from is None:
-        if args.restore_if_any:
-            raise UsageError("--restore-if-any needs --restore-from")
+        for given, option in ((args.restore_if_any, "--restore-if-any"), (args.generation, "--generation"),
+                              (args.at, "--at")):
+            if given:
+                raise UsageError(f"{option} needs --restore-from")
         return None
+    if args.generation is not None and args.at is not None:
+        raise UsageError("--generation and --at both choose the state to restore: give one")
     from .replicate.client import Target
     from .replicate.manifest import parse_url
+    from .replicate.client import S3Error
+    from .replicate.manifest import BadManifest
+    from .replicate.replicas import ReplicaError, choose, parse_at
     from .replicate.tree import NothingReplicated, SourceError, load_manifest
 
     try:
@@ -164,7 +171,13 @@ def _restore_plan(args, given_chunk: int | None) -> RestorePlan | None:
         raise UsageError("--restore-from builds a new pool from the object store: add --format (it erases the "
                          "devices); to go on with an interrupted restore, mount without --restore-from")
     try:
-        manifest = load_manifest(Target(url, args.s3_endpoint, attempts=2, connect_timeout=3))
+        target = Target(url, args.s3_endpoint, attempts=2, connect_timeout=3)
+        if args.generation is None and args.at is None:
+            manifest = load_manifest(target)
+        else:
+            manifest = choose(target, args.generation, parse_at(args.at) if args.at else None)
+    except (ValueError, ReplicaError, S3Error, BadManifest) as e:
+        raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
     except NothingReplicated as e:
         if not args.restore_if_any:
             raise UsageError(f"cannot restore from {args.restore_from}: {e}") from None
@@ -204,7 +217,10 @@ def _spawn_daemon(args, plan: MountPlan) -> int:
         cmd += ["--restore-rate", args.restore_rate]
     cmd += ["--restore-concurrency", str(args.restore_concurrency)]
     if args.replicate:
-        cmd += ["--replicate", args.replicate, "--replicate-keep", str(args.replicate_keep),
+        cmd += ["--replicate", args.replicate, "--replicate-keep-last", str(args.replicate_keep_last),
+                "--replicate-keep-hourly", str(args.replicate_keep_hourly),
+                "--replicate-keep-daily", str(args.replicate_keep_daily),
+                "--replicate-keep-within", args.replicate_keep_within,
                 "--replicate-memory", args.replicate_memory, "--no-replicate-check"]
         if args.replicate_rate:
             cmd += ["--replicate-rate", args.replicate_rate]
@@ -408,21 +424,25 @@ def _replication(args, chunk: int, restored_pool: str | None) -> dict:
         raise UsageError(f"bad --replicate: {e}") from None
     rate = parse_size(args.replicate_rate, what="--replicate-rate") if args.replicate_rate else None
     memory = parse_size(args.replicate_memory, what="--replicate-memory")
-    if args.replicate_keep < 1:
-        raise UsageError(f"bad --replicate-keep {args.replicate_keep}: must be at least 1")
+    policy = replicas_cli.policy(args, "replicate-")
     if memory < part_size(0, chunk):
         raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
                          f"({part_size(0, chunk) >> 20}M)")
     if not args.no_replicate_check:
         from .replicate import lineage
-        from .replicate.client import S3Error, Target
+        from .replicate.client import S3Error, Target, transient
         from .replicate.manifest import BadManifest
         target = Target(url, args.s3_endpoint, attempts=1)
         try:
             target.check()
             newest = target.newest() if args.format else None
         except S3Error as e:
-            raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
+            if not transient(e):  # a configuration that cannot be right
+                raise UsageError(f"cannot replicate to {target}: {e} ({e.cause})") from None
+            # a store that cannot be reached now: the mount comes up, replication starts when it answers
+            print(f"ckptfs mount: warning: {target} cannot be reached now ({e.cause}): mounting anyway; "
+                  f"replication starts when the store answers (ckptfs status shows it)", file=sys.stderr)
+            newest = None  # the replicator checks whose the prefix is before it writes (lineage.py)
         except BadManifest:
             newest = None  # whose it is cannot be told: the replicator stops there (lineage.py)
         # a pool about to be formatted continues nobody but the pool it restores: refused before
@@ -431,7 +451,7 @@ def _replication(args, chunk: int, restored_pool: str | None) -> dict:
         why = lineage.refusal(newest, "", restored, args.replicate_takeover, str(url))
         if why is not None:
             raise UsageError(f"cannot replicate: {why}")
-    return {"replicate": str(url), "replicate_rate": rate, "replicate_keep": args.replicate_keep,
+    return {"replicate": str(url), "replicate_rate": rate, "replicate_policy": policy,
             "replicate_memory": memory, "replicate_priority": args.replicate_priority or DEFAULT_PRIORITY,
             "replicate_takeover": args.replicate_takeover}
 
@@ -502,9 +522,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --format: show the newest manifest replicated under this prefix at once and "
                         "fetch its contents on first read and in the background (credentials and region "
                         "from the standard AWS chain); an interrupted restore goes on at the next mount")
-    m.add_argument("--s3-endpoint", metavar="URL", default=None,
-                   help="the object store's URL, for stores other than AWS S3 (MinIO, Ceph RGW, SeaweedFS); "
-                        "for --replicate and --restore-from")
     m.add_argument("--restore-rate", metavar="SIZE", default=None,
                    help="cap the background restore at SIZE bytes per second (e.g. 200M; reads that wait "
                         "are never capped)")
@@ -513,15 +530,20 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--restore-if-any", action="store_true",
                    help="with --restore-from: when nothing was replicated under the prefix yet (a job's first "
                         "start), format an empty pool instead of failing; any other failure still fails")
+    m.add_argument("--generation", type=int, default=None, metavar="N",
+                   help="with --restore-from: restore generation N (ckptfs replicas ls lists them) instead of "
+                        "the newest")
+    m.add_argument("--at", default=None, metavar="TIME",
+                   help="with --restore-from: restore the newest generation written at or before TIME "
+                        "(2026-12-06T09:30, 2026-12-06 09:30:00+00:00, or a span ago: 90m, 2h, 1d)")
     m.add_argument("--restore-generation", type=int, default=None, help=argparse.SUPPRESS)
     m.add_argument("--replicate", metavar="s3://BUCKET/PREFIX", default=None,
                    help="copy every durable state to this object store prefix in the background "
                         "(credentials and region from the AWS chain: environment, ~/.aws, instance role)")
     m.add_argument("--replicate-rate", metavar="BYTES/S", default=None,
                    help="cap the upload bandwidth, e.g. 100M (default: no cap)")
-    m.add_argument("--replicate-keep", type=int, default=3, metavar="K",
-                   help="manifests (states) kept in the object store; older ones and the objects only "
-                        "they name are deleted (default %(default)s)")
+    m.add_argument("--replicate-keep", dest="replicate_keep_last", type=int,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the former name of --replicate-keep-last
     m.add_argument("--replicate-memory", default="256M", metavar="SIZE",
                    help="memory for uploads in flight (default %(default)s)")
     m.add_argument("--replicate-priority", choices=PRIORITIES, default=None,
@@ -529,9 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU nothing else wants), low (nice 19) or normal (default idle)")
     m.add_argument("--replicate-takeover", action="store_true",
                    help="replicate even where the prefix holds another pool's checkpoints (that pool is gone "
-                        "for good: its states are deleted once --replicate-keep newer ones stand); without it "
+                        "for good: its states are deleted as the retention policy allows); without it "
                         "such a mount is refused")
     m.add_argument("--no-replicate-check", action="store_true", help=argparse.SUPPRESS)
+    replicas_cli.s3_arguments(m)
+    replicas_cli.policy_arguments(m, "replicate-")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.set_defaults(func=_mount)
 
@@ -572,11 +596,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--replicated", action="store_true",
                    help="wait until they are in the object store too (a mount with --replicate)")
     w.set_defaults(func=_wait)
+    replicas_cli.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "paths", None) is not None and args.command == "replicas" \
+            and not any(e.startswith("-") for e in extra):
+        args.paths += extra  # `replicas restore URL DIR --generation N PATH...`: paths after the options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except UsageError as e:

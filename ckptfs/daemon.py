@@ -40,7 +40,7 @@ from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
 from .ops.control import XATTR as CONTROL_XATTR, ControlServer, plain, socket_path
 from .ops.monitor import Monitor
-from .replicate import lineage, restore, tree
+from .replicate import lineage, restore, retention, tree
 from .replicate.client import S3Error, Target
 from .replicate.manifest import BadManifest, parse_url
 from .replicate.plan import Source
@@ -91,11 +91,24 @@ class MountConfig:
     restore_concurrency: int = 8  # background ranged GETs in flight
     replicate: str | None = None  # s3://BUCKET/PREFIX to replicate the durable state to (replicate/)
     replicate_rate: int | None = None  # bytes/s cap of the uploads (None: no cap)
-    replicate_keep: int = 3  # manifests kept in the object store
+    replicate_policy: retention.Policy = retention.DEFAULT  # which manifests the object store keeps
     replicate_memory: int = 256 << 20  # bytes of part buffers in flight
     replicate_priority: str = DEFAULT_PRIORITY  # CPU priority of the uploader process (replicate/uploader.py)
     replicate_finish: float = 30.0  # seconds an unmount waits for the last state to be replicated
     replicate_takeover: bool = False  # may replicate to a prefix another pool wrote (replicate/lineage.py)
+
+
+def _wall_clock():
+    """time.time; or, for tests of the retention policy over a simulated day (no sleeps), the time
+    written in the file CKPTFS_CLOCK_FILE names."""
+    path = os.environ.get("CKPTFS_CLOCK_FILE")
+    if not path:
+        return time.time
+
+    def clock() -> float:
+        with open(path) as f:
+            return float(f.read())
+    return clock
 
 
 def _tell_parent(fd: int | None, line: str) -> None:
@@ -178,8 +191,9 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     replicator = None
     if cfg.replicate:
         replicator = Replicator(store, parse_url(cfg.replicate), cfg.s3_endpoint, rate=cfg.replicate_rate,
-                                keep=cfg.replicate_keep, memory=cfg.replicate_memory,
-                                priority=cfg.replicate_priority, takeover=cfg.replicate_takeover)
+                                policy=cfg.replicate_policy, memory=cfg.replicate_memory,
+                                priority=cfg.replicate_priority, takeover=cfg.replicate_takeover,
+                                clock=_wall_clock())
         store.on_commit.append(replicator.notify)
 
     def state(ino: int) -> bytes | None:

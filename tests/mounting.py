@@ -94,8 +94,8 @@ class CkptMount:
     def device_arg(self) -> str:
         return ",".join(str(d) for d in self.devices)
 
-    def mount(self, *more: str) -> None:
-        """Mount; the first mount formats the fresh device files."""
+    def mount(self, *more: str) -> subprocess.CompletedProcess:
+        """Mount; the first mount formats the fresh device files. The CLI's completed process."""
         fmt = () if self.formatted else ("--format",)
         res = ckptfs("mount", str(self.path), "--devices", self.device_arg, "--memory", self.memory,
                      "--log-file", str(self.log), "--engine", self.engine, *fmt, *self.extra, *more)
@@ -103,6 +103,7 @@ class CkptMount:
         if res.returncode != 0:
             raise AssertionError(f"mount failed ({res.returncode}): {res.stderr}\n{self.log_text()}")
         self.pid = int(os.getxattr(self.path, "user.ckptfs.pid"))
+        return res
 
     def umount(self, timeout: float = 300) -> subprocess.CompletedProcess:
         res = ckptfs("umount", str(self.path), timeout=timeout)

@@ -30,6 +30,7 @@ from waiting import poll
 PROBE_BUCKET = "ckptfs-probe"  # start() reads an object from here: the server really serves
 ACCESS_KEY = "ckptfs-test"
 SECRET_KEY = "ckptfs-secret-key"
+READER_KEY, READER_SECRET = "ckptfs-reader", "ckptfs-reader-secret"  # may read and list, not write or delete
 REGION = "us-east-1"
 # Every bucket is a SeaweedFS collection with volumes of its own; left at 0, `weed` allows free
 # disk / 1 GiB of them, and a test session on a machine with 24 GiB free ran out after 24 buckets
@@ -63,12 +64,27 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair for weed")
 
 
+def _distinct_pairs(names) -> dict[str, int]:
+    """A free port pair per name, no port of one equal to a port of another (weed refuses a service
+    port that is another's gRPC port: "reserved for gRPC calculation")."""
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in names:
+        while True:
+            p = _free_port_pair()
+            if p not in taken and p + 10000 not in taken:
+                break
+        out[name] = p
+        taken |= {p, p + 10000}
+    return out
+
+
 class S3Server:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.proc: subprocess.Popen | None = None
         self._probe_written = False
-        self.ports = {name: _free_port_pair() for name in ("s3", "master", "filer", "volume")}
+        self.ports = _distinct_pairs(("s3", "master", "filer", "volume", "admin"))
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
 
     def start(self, timeout: float = 60) -> None:
@@ -79,14 +95,16 @@ class S3Server:
         config = self.root / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "ckptfs", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}, {
+            "name": "reader", "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
+            "actions": ["Read", "List"]}]}))
         p = self.ports
         cmd = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-s3.config={config}", f"-s3.port={p['s3']}", f"-master.port={p['master']}",
                f"-filer.port={p['filer']}", f"-volume.port={p['volume']}", "-s3.port.iceberg=0",
                "-s3.port.lance=0", "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
                f"-volume.max={MAX_VOLUMES}",
-               f"-admin.port={_free_port_pair()}"]
+               f"-admin.port={p['admin']}"]
         self.log = open(self.root / "weed.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root,
                                      start_new_session=True)
@@ -143,9 +161,11 @@ class S3Server:
                 self.kill()
         self.proc = None
 
-    def env(self) -> dict[str, str]:
-        """Environment for a process that talks to this server through the standard AWS chain."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+    def env(self, reader: bool = False) -> dict[str, str]:
+        """Environment for a process that talks to this server through the standard AWS chain (reader:
+        as the identity that may only read and list)."""
+        key, secret = (READER_KEY, READER_SECRET) if reader else (ACCESS_KEY, SECRET_KEY)
+        return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
                 "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
 
     def client(self, config=None):

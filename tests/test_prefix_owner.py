@@ -56,7 +56,8 @@ def test_a_fresh_pool_is_refused_another_pools_prefix_unless_it_takes_it_over(tm
     before = keys(s3.client(), bucket)
 
     new = CkptMount(tmp_path / "new", memory="512M", extra=("--replicate", url, "--s3-endpoint", s3.endpoint,
-                                                            "--replicate-keep", "2"))
+                                                            "--replicate-keep-last", "2",
+                                                            "--replicate-keep-hourly", "0", "--replicate-keep-daily", "0"))
     for fmt in (("--format",), ()):  # refused by the CLI before formatting; by the daemon for a pool it has
         if not fmt:
             new.extra, extra = (), new.extra

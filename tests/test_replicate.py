@@ -84,7 +84,8 @@ def check_complete(client, bucket: str, m: Manifest, prefix: str = "node0", cach
 
 def test_a_tree_replicates_bit_exact_and_old_states_are_collected(tmp_path, s3, bucket):
     torch = pytest.importorskip("torch")
-    m = replicating(tmp_path, s3, bucket, "--replicate-keep", "2", "--metrics-port", "0")
+    m = replicating(tmp_path, s3, bucket, "--replicate-keep-last", "2", "--replicate-keep-hourly", "0",
+                    "--replicate-keep-daily", "0", "--metrics-port", "0")
     try:
         root = m.path
         (root / "run" / "shards").mkdir(parents=True)
@@ -181,32 +182,31 @@ def test_bad_replication_targets_are_one_line_and_exit_2(tmp_path, s3, bucket, m
     dev = tmp_path / "dev0.img"
     with open(dev, "wb") as f:
         f.truncate(1 << 30)
-    closed = __import__("socket").socket()
-    closed.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
     cases = [
         (("--replicate", "http://x/y"), "not an s3:// URL"),
         (("--replicate", f"s3://{bucket}/p", "--s3-endpoint", "127.0.0.1:1"), "bad --s3-endpoint"),
         (("--replicate", "s3://no-such-bucket-here/p", "--s3-endpoint", s3.endpoint), "bucket does not exist"),
-        (("--replicate", f"s3://{bucket}/p", "--s3-endpoint", dead), "cannot reach"),
+        (("--replicate", f"s3://{bucket}/p", "--replicate-keep-within", "soon"), "bad duration"),
+        (("--replicate", f"s3://{bucket}/p", "--replicate-keep-last", "0"), "last >= 1"),
+        (("--replicate", f"s3://{bucket}/p", "--s3-sse-kms-key-id", "k1"), "needs server-side encryption aws:kms"),
+        (("--replicate", f"s3://{bucket}/p", "--s3-storage-class", "COLD"), "bad storage class"),
+        (("--restore-from", f"s3://{bucket}/p", "--format", "--generation", "1", "--at", "1h"), "give one"),
+        (("--generation", "3",), "needs --restore-from"),
         (("--replicate-rate", "10M"), "needs --replicate"),
         (("--replicate-priority", "low"), "needs --replicate"),
     ]
-    try:
-        for args, words in cases:
-            res = ckptfs("mount", str(mp), "--devices", str(dev), "--format", "--memory", "64M", *args)
-            lines = res.stderr.strip().splitlines()
-            assert res.returncode == 2 and len(lines) == 1 and words in lines[0], (args, res.stderr)
-            assert not is_mounted(mp)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
-        res = ckptfs("mount", str(mp), "--devices", str(dev), "--format", "--memory", "64M",
-                     "--replicate", f"s3://{bucket}/p", "--s3-endpoint", s3.endpoint)
+    for args, words in cases:
+        res = ckptfs("mount", str(mp), "--devices", str(dev), "--format", "--memory", "64M", *args)
         lines = res.stderr.strip().splitlines()
-        assert res.returncode == 2 and len(lines) == 1 and "(auth)" in lines[0], res.stderr
+        assert res.returncode == 2 and len(lines) == 1 and words in lines[0], (args, res.stderr)
         assert not is_mounted(mp)
-        assert open(dev, "rb").read(4096) == bytes(4096)  # not even formatted
-    finally:
-        closed.close()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    res = ckptfs("mount", str(mp), "--devices", str(dev), "--format", "--memory", "64M",
+                 "--replicate", f"s3://{bucket}/p", "--s3-endpoint", s3.endpoint)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "(auth)" in lines[0], res.stderr
+    assert not is_mounted(mp)
+    assert open(dev, "rb").read(4096) == bytes(4096)  # not even formatted
 
 
 def test_server_killed_mid_upload_resumes_and_no_manifest_is_torn(tmp_path, s3, bucket):

@@ -1,6 +1,6 @@
 """The package's shape, checked from its source (ast, no imports): layers, cycles, privacy.
 
-- Imports only go down the layers (docs/DESIGN.md): format < fs < store < fuse, ops, replicate < daemon, cli,
+- Imports only go down the layers (docs/DESIGN.md): format < fs < store < fuse, ops, replicate < daemon, cli (and replicas_cli),
   with the small shared modules (errors, sizes, checks, tasks) below everything.
 - No import cycle between modules.
 - No module reads another object's underscore attributes (`other._x`): state belongs to one
@@ -11,7 +11,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "ckptfs"
 BASE = {"errors", "sizes", "checks", "tasks"}
-LAYER = {"format": 1, "fs": 2, "store": 3, "fuse": 4, "ops": 4, "replicate": 4, "daemon": 5, "cli": 6, "__main__": 7,
+LAYER = {"format": 1, "fs": 2, "store": 3, "fuse": 4, "ops": 4, "replicate": 4, "daemon": 5, "cli": 6, "replicas_cli": 6, "__main__": 7,
          "__init__": 0}
 NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make", "_field_defaults"}
 

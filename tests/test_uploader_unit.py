@@ -152,3 +152,47 @@ def test_part_memory_waits_for_room_and_a_huge_part_goes_alone():
         mem.close()
 
     trio.run(main)
+
+
+def test_a_buffer_given_back_wakes_one_waiter_first_come_first_served():
+    """2,560 parts (a 20 GiB file of 8 MiB parts) wait on a budget of 4: each buffer given back is handed
+    to the oldest waiter, so the attempts to take a buffer grow linearly with the parts (not with
+    their square), and a cancelled waiter leaves nothing behind."""
+    parts, budget = 2560, 4
+
+    async def main():
+        mem = PartMemory(budget * MiB)
+        attempts = 0
+        take_nowait = mem.take_nowait
+
+        def counted(size):
+            nonlocal attempts
+            attempts += 1
+            return take_nowait(size)
+
+        mem.take_nowait = counted
+        order = []
+
+        async def part(i: int) -> None:
+            buf = await mem.take(MiB)
+            order.append(i)
+            await trio.sleep(0)
+            mem.give_back(buf)
+
+        async with trio.open_nursery() as n:
+            for i in range(parts):
+                n.start_soon(part, i)
+                await trio.sleep(0)  # start in order: part i asks before part i + 1
+        assert order == list(range(parts)) and mem.in_use == 0 and not mem.waiters
+        assert attempts <= 3 * parts, attempts
+
+        held = [await mem.take(MiB) for _ in range(budget)]
+        with trio.move_on_after(0.01):
+            await mem.take(MiB)  # cancelled while waiting
+        assert not mem.waiters
+        for b in held:
+            mem.give_back(b)
+        assert mem.in_use == 0
+        mem.close()
+
+    trio.run(main)

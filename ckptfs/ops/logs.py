@@ -15,11 +15,16 @@ Values with spaces, quotes or ``=`` are quoted (JSON string escapes), so a
 line always splits into fields the same way; a traceback goes in ``exc=`` on
 the same line. The daemon logs to stderr in the foreground and to its log
 file when detached (``ckptfs mount`` points the daemon's stderr there).
+
+No secret reaches a log: the object-store client's loggers (botocore logs
+request headers, credentials included, at debug level) stay at WARNING
+whatever the level, unless CKPTFS_LOG_LIBRARIES names them.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -83,3 +88,18 @@ def setup(level: str = "info", *, filename: str | None = None, stream=None, json
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
+    quiet_libraries()
+
+
+# The object-store client's own loggers: at debug level botocore logs every request with its
+# headers (the access key id, the session token, the signature). They stay at WARNING whatever
+# --log-level says, unless CKPTFS_LOG_LIBRARIES names them (comma-separated; their lines may
+# then carry credentials).
+LIBRARY_LOGGERS = ("boto3", "botocore", "s3transfer", "urllib3")
+
+
+def quiet_libraries() -> None:
+    asked = {n.strip() for n in os.environ.get("CKPTFS_LOG_LIBRARIES", "").split(",") if n.strip()}
+    for name in LIBRARY_LOGGERS:
+        if name not in asked:
+            logging.getLogger(name).setLevel(logging.WARNING)

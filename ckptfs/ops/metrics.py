@@ -46,6 +46,8 @@ With --replicate (replicate/replicator.py):
                                 throttled, server, other, device, uploader), each retried
                                 with backoff
     replication_failing         1 while the last call failed (retrying), else 0
+    replication_failing_since_seconds   when that failure began (0: none)
+    replication_waiting_bytes   bytes of the newest durable state not in the store yet
 """
 from __future__ import annotations
 
@@ -213,6 +215,10 @@ def _replication_families(rep: dict) -> list:
                           value=rep["generation"]),
         GaugeMetricFamily("ckptfs_replication_failing", "1 while object-store calls fail (retrying), else 0.",
                           value=0 if rep["failing"] is None else 1),
+        GaugeMetricFamily("ckptfs_replication_failing_since_seconds", "Wall-clock time the current failure "
+                          "began (0: none).", value=(rep["failing"] or {}).get("since") or 0),
+        GaugeMetricFamily("ckptfs_replication_waiting_bytes", "Bytes of the newest durable state not in the "
+                          "object store yet.", value=rep["waiting_bytes"]),
         errors,
     ]
 

@@ -29,6 +29,19 @@ logs and metrics:
     conflict    (the replicator's own) another pool writes manifests under the prefix
                 (lineage.py): replication stopped, not retried
 
+Their kinds: TRANSIENT causes (network, throttled, server, uploader) may
+pass by themselves and are retried with backoff, forever; the others are
+permanent for the work they concern (auth and no-bucket, GLOBAL, for every
+call: replication stops its cycle and tries again later, reading the
+credentials again: a Target rebuilds its client after an auth failure).
+
+What every upload carries besides its bytes (server-side encryption, a KMS
+key, a storage class) comes from the environment (`upload_args`), where
+`ckptfs mount --s3-sse/--s3-sse-kms-key-id/--s3-storage-class` put it, so
+the daemon and its uploader process see the same; the region and a CA
+bundle are boto3's own AWS_DEFAULT_REGION and AWS_CA_BUNDLE (`--s3-region`,
+`--s3-ca-bundle`).
+
 `Target.check()` is the mount-time check of --replicate: it looks up the
 bucket and lists one key under the prefix, which needs the endpoint, the
 credentials and the bucket to be right.
@@ -36,6 +49,7 @@ credentials and the bucket to be right.
 from __future__ import annotations
 
 import logging
+import os
 
 import boto3
 from botocore.config import Config
@@ -49,6 +63,8 @@ log = logging.getLogger("ckptfs.replicate")
 AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER, CONFLICT = (
     "auth", "no-bucket", "network", "throttled", "server", "other", "device", "uploader", "conflict")
 CAUSES = (AUTH, NO_BUCKET, NETWORK, THROTTLED, SERVER, OTHER, DEVICE, UPLOADER, CONFLICT)
+TRANSIENT = frozenset({NETWORK, THROTTLED, SERVER, UPLOADER})  # may pass by themselves: retried with backoff
+GLOBAL = frozenset({AUTH, NO_BUCKET})  # every call fails alike until a person acts
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
                "AuthorizationHeaderMalformed", "InvalidSecurity", "403"}
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
@@ -61,6 +77,35 @@ class S3Error(Exception):
     def __init__(self, cause: str, message: str):
         super().__init__(message)
         self.cause = cause
+
+
+SSE_ENV, KMS_KEY_ENV, STORAGE_CLASS_ENV = "CKPTFS_S3_SSE", "CKPTFS_S3_SSE_KMS_KEY_ID", "CKPTFS_S3_STORAGE_CLASS"
+SSE_MODES = ("AES256", "aws:kms")
+STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
+                   "REDUCED_REDUNDANCY", "EXPRESS_ONEZONE")
+
+
+def upload_args(env=os.environ) -> dict:
+    """The put / create-multipart-upload arguments the environment asks for (ValueError: a bad value)."""
+    out = {}
+    sse, key, cls = env.get(SSE_ENV), env.get(KMS_KEY_ENV), env.get(STORAGE_CLASS_ENV)
+    if sse:
+        if sse not in SSE_MODES:
+            raise ValueError(f"bad server-side encryption {sse!r}: one of {', '.join(SSE_MODES)}")
+        out["ServerSideEncryption"] = sse
+    if key:
+        if sse != "aws:kms":
+            raise ValueError("a KMS key id needs server-side encryption aws:kms")
+        out["SSEKMSKeyId"] = key
+    if cls:
+        if cls not in STORAGE_CLASSES:
+            raise ValueError(f"bad storage class {cls!r}: one of {', '.join(STORAGE_CLASSES)}")
+        out["StorageClass"] = cls
+    return out
+
+
+def transient(e: S3Error) -> bool:
+    return e.cause in TRANSIENT
 
 
 class NoSuchUpload(S3Error):
@@ -120,8 +165,11 @@ class Target:
     def __init__(self, url: S3Url, endpoint: str | None = None, *, client=None, **kw):
         self.url = url
         self.endpoint = endpoint
+        self._made = client is None  # our own client: rebuilt after an auth failure
+        self._kw = kw
         self.client = client if client is not None else make_client(endpoint, **kw)
         self.bucket = url.bucket
+        self.extra = upload_args()  # SSE, KMS key, storage class of every object written
         self.conditional = True  # the store takes If-None-Match on puts (until it says it does not)
 
     def __str__(self) -> str:
@@ -137,11 +185,18 @@ class Target:
         try:
             return fn(**kw)
         except Exception as e:  # noqa: BLE001 - every failure becomes an S3Error with its cause
-            raise classify(e, what) from None
+            err = classify(e, what)
+            if err.cause == AUTH and self._made:  # rotated credentials are picked up at the next call
+                self.client = make_client(self.endpoint, **self._kw)
+            raise err from None
 
     def list(self, rel: str) -> dict[str, int]:
         """Every key under PREFIX/rel: key relative to the prefix -> size."""
-        out: dict[str, int] = {}
+        return {k: size for k, (size, _) in self.list_detailed(rel).items()}
+
+    def list_detailed(self, rel: str) -> dict[str, tuple[int, float]]:
+        """Every key under PREFIX/rel: key relative to the prefix -> (size, last-modified time, s)."""
+        out: dict[str, tuple[int, float]] = {}
         token = None
         while True:
             kw = {"Bucket": self.bucket, "Prefix": self.key(rel)}
@@ -149,7 +204,7 @@ class Target:
                 kw["ContinuationToken"] = token
             page = self._call(f"list {self._where(rel)}", self.client.list_objects_v2, **kw)
             for obj in page.get("Contents", ()):
-                out[obj["Key"][len(self.url.prefix):]] = obj["Size"]
+                out[obj["Key"][len(self.url.prefix):]] = (obj["Size"], obj["LastModified"].timestamp())
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return out
@@ -169,7 +224,7 @@ class Target:
 
     def put(self, rel: str, body) -> None:
         self._call(f"put {self._where(rel)}", self.client.put_object, Bucket=self.bucket, Key=self.key(rel),
-                   Body=body)
+                   Body=body, **self.extra)
 
     def put_new(self, rel: str, body: bytes) -> bool:
         """Put `body` at `rel` unless something is there (If-None-Match: *): of two writers of one
@@ -179,7 +234,8 @@ class Target:
         what = f"put {self._where(rel)} if absent"
         if self.conditional:
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, IfNoneMatch="*")
+                self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, IfNoneMatch="*",
+                                       **self.extra)
                 return True
             except ClientError as e:
                 code, status = code_status(e)
@@ -221,7 +277,7 @@ class Target:
 
     def create_upload(self, rel: str) -> str:
         res = self._call(f"create multipart upload {self._where(rel)}", self.client.create_multipart_upload,
-                         Bucket=self.bucket, Key=self.key(rel))
+                         Bucket=self.bucket, Key=self.key(rel), **self.extra)
         return res["UploadId"]
 
     def upload_part(self, rel: str, upload_id: str, number: int, body) -> str:

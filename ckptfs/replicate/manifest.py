@@ -168,11 +168,6 @@ class Manifest:
             raise BadManifest(f"{name}: not a ckptfs manifest ({type(e).__name__}: {e})") from None
 
 
-def collectable(manifest_gens: list[int], keep: int) -> list[int]:
-    """The generations to delete once the newest stands: all but the newest `keep` (keep >= 1)."""
-    return sorted(manifest_gens)[:-keep] if keep < len(manifest_gens) else []
-
-
 def unreferenced(objects: set[str], kept: list[Manifest]) -> set[str]:
     """Objects (content keys) that no kept manifest names: safe to delete."""
     named = set().union(*(m.objects() for m in kept)) if kept else set()

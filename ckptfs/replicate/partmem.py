@@ -14,7 +14,9 @@ more than MAX_PARTS usual parts) may wait until enough neighbours come back,
 and once nothing is in use the whole region is free.
 
 `PartMemory.take(size)` waits until the budget has room (the backpressure of
-replication's reads); a part larger than the whole budget waits until
+replication's reads), first come first served: a buffer given back is handed
+to the oldest waiter it fits, so a returned buffer wakes one task, not all
+of them (the cost of an upload stays linear in its parts); a part larger than the whole budget waits until
 nothing else is in use and then goes alone: the pages region 0 holds are
 given back to the kernel (MADV_REMOVE) and the part gets a region of its own
 (a memfd of its size, dropped when the part comes back), so the memory held
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import deque
 from dataclasses import dataclass
 from itertools import count
 
@@ -124,6 +127,15 @@ class Part:
         return [self.region, self.offset, n]
 
 
+class _Waiter:
+    """A task waiting in `PartMemory.take` for `size` bytes; `part` is set just before `ready`."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.part: Part | None = None
+        self.ready = trio.Event()
+
+
 class PartMemory:
     """Part buffers within `budget` bytes (at least one part) of shared memory."""
 
@@ -132,7 +144,7 @@ class PartMemory:
         self.ranges = Ranges(budget)
         self._ids = count(1)
         self.regions: dict[int, Region] = {0: Region(0, budget)}
-        self.lot = trio.lowlevel.ParkingLot()
+        self.waiters: deque[_Waiter] = deque()  # oldest first
         self.alone = 0  # bytes of the part that goes alone (0: none)
 
     @property
@@ -159,11 +171,32 @@ class PartMemory:
     async def take(self, size: int) -> Part:
         """A buffer of `size` bytes, once the budget has room for it (a part larger than the whole
         budget waits until nothing else is in use)."""
-        while True:
+        if not self.waiters:
             part = self.take_nowait(size)
             if part is not None:
                 return part
-            await self.lot.park()
+        waiter = _Waiter(size)
+        self.waiters.append(waiter)
+        try:
+            await waiter.ready.wait()
+        except BaseException:
+            if waiter.part is not None:
+                self.give_back(waiter.part)
+            else:
+                self.waiters.remove(waiter)
+                self._serve()  # a smaller waiter behind this one may fit now
+            raise
+        return waiter.part
+
+    def _serve(self) -> None:
+        """Hand free room to the waiters, oldest first, while the oldest fits."""
+        while self.waiters:
+            part = self.take_nowait(self.waiters[0].size)
+            if part is None:
+                return
+            waiter = self.waiters.popleft()
+            waiter.part = part
+            waiter.ready.set()
 
     def give_back(self, part: Part) -> None:
         part.view.release()
@@ -172,7 +205,7 @@ class PartMemory:
         else:
             self.regions.pop(part.region).close()
             self.alone = 0
-        self.lot.unpark_all()
+        self._serve()
 
     def statistics(self) -> "PartMemoryStats":
         return PartMemoryStats(self.budget, self.in_use, len(self.regions))

@@ -33,8 +33,8 @@ A cycle:
 4. **Manifest** generation + 1, written only now that every object it names
    is in the store (the prefix rule, docs/SEMANTICS.md); skipped when the
    tree is the same as the standing manifest's.
-5. **Collect**: manifests beyond the newest `keep`, then objects that no kept
-   manifest names.
+5. **Collect**: the manifests the retention policy (retention.py) no longer
+   keeps, then the objects that no kept manifest names.
 
 One writer per prefix (lineage.py): at start, a prefix whose newest
 manifest another pool wrote (not one this pool continues, and without
@@ -43,10 +43,19 @@ anything; at the end of each cycle (before its manifest and its collection)
 the manifests are listed again, and one newer than the last this service
 wrote or found stops it too (cause `conflict`).
 
-Every object-store call that fails is retried with exponential backoff
-(BACKOFF_MIN .. BACKOFF_MAX seconds) until it succeeds; the failure is
-logged once with its cause (client.py), counted, and shown in status until a
-call succeeds again. At start the service lists the prefix and reads the
+A failed object-store call has a kind (client.py). A transient one (the
+store unreachable, throttling, 5xx, the uploader process) is retried with
+exponential backoff and full jitter (a delay drawn from 0 .. min(BACKOFF_MAX,
+BACKOFF_MIN * 2^n)) until it succeeds: the mount never waits for the store.
+A permanent one (credentials refused, no bucket, a part the store rejects,
+a version the devices cannot give back intact) ends the work it concerns:
+the other objects of the cycle go on, the cycle ends without a manifest,
+its pinned units are released, and the next cycle tries again after
+PERMANENT_RETRY seconds (credentials are read again: client.py). A multipart
+upload the store forgot (NoSuchUpload) starts again from its first part (at
+most RESTARTS times in one cycle). Every failure is logged once per kind
+with its call, key and what to do, counted, and shown in status with the
+time it began until a call succeeds again. At start the service lists the prefix and reads the
 newest manifests, so a remount (after a clean stop or a SIGKILL) uploads
 nothing the store already holds and continues the generations. Multipart
 uploads a stopped or killed predecessor left are resumed: the first upload
@@ -59,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -67,9 +77,9 @@ import trio
 
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
-from . import lineage
-from .client import CONFLICT, DEVICE, OTHER, NoSuchUpload, S3Error
-from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, collectable, content_key,
+from . import lineage, retention
+from .client import CONFLICT, DEVICE, GLOBAL, OTHER, NoSuchUpload, S3Error, transient
+from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, content_key,
                        manifest_generation, manifest_name, unreferenced)
 from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
@@ -83,9 +93,10 @@ log = logging.getLogger("ckptfs.replicate")
 PART_SIZE = 8 << 20  # multipart part size (s3transfer's default too)
 MAX_PARTS = 10000  # S3's limit per multipart upload
 DEFAULT_MEMORY = 256 << 20
-DEFAULT_KEEP = 3
 CONNECTIONS = 10  # object-store calls at once (s3transfer's default concurrency)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 10.0
+PERMANENT_RETRY = 60.0  # seconds before a cycle that failed for good is tried again
+RESTARTS = 3  # times one cycle starts an upload the store forgot (NoSuchUpload) again
 SETTLE = 0.05  # seconds a change waits for company before a cycle starts
 
 
@@ -95,6 +106,34 @@ def part_size(size: int, chunk_size: int, base: int = PART_SIZE) -> int:
     part = max(base, chunk_size)
     part = max(part, math.ceil(size / MAX_PARTS))
     return -(-part // chunk_size) * chunk_size
+
+
+def backoff(attempt: int, rng=random) -> float:
+    """Seconds before retry `attempt` (0, 1, ...): full jitter over an exponential cap."""
+    return rng.uniform(0, min(BACKOFF_MAX, BACKOFF_MIN * 2 ** min(attempt, 30)))
+
+
+class CycleFailed(Exception):
+    """A cycle ended without its manifest: a permanent failure (already logged and counted)."""
+
+
+def _first_failure(e: BaseException) -> BaseException:
+    """The S3Error a nursery of part workers failed with (a NoSuchUpload first), else `e` itself."""
+    if not isinstance(e, BaseExceptionGroup):
+        return e
+    rest = e.split(trio.Cancelled)[1]
+    leaves = list(_leaves(rest)) if rest is not None else []
+    if leaves and all(isinstance(x, S3Error) for x in leaves):
+        return next((x for x in leaves if isinstance(x, NoSuchUpload)), leaves[0])
+    return e
+
+
+def _leaves(e: BaseException):
+    if isinstance(e, BaseExceptionGroup):
+        for x in e.exceptions:
+            yield from _leaves(x)
+    else:
+        yield e
 
 
 def _cancelled(e: BaseException) -> bool:
@@ -122,14 +161,16 @@ class ReplicationStats:
     manifest_time: float | None
     journal_seq: int | None
     covered_seq: int
-    keep: int
+    retention: str  # the policy, in words
     rate: float | None
     memory: int
     read_from_arena: int
     read_from_devices: int
     errors: dict  # cause -> failed calls
     errors_total: int
-    failing: dict | None  # {cause, message} of the call failing now
+    failing: dict | None  # {cause, message, since} of the call failing now (since: wall-clock time)
+    waiting_bytes: int  # bytes of the newest snapshot not in the store yet
+    waiting_commits: int  # durable changes (journal batches) no standing manifest holds yet
     last_error: dict | None  # {cause, message, time}
     uploader: UploaderStats
 
@@ -140,15 +181,17 @@ class Replicator:
     names, its failures, and the counters `statistics()` shows."""
 
     def __init__(self, store, url: S3Url, endpoint: str | None = None, *, rate: float | None = None,
-                 keep: int = DEFAULT_KEEP, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
-                 connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY, takeover: bool = False):
+                 policy: retention.Policy = retention.DEFAULT, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
+                 connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY, takeover: bool = False,
+                 clock=time.time):
         self.store = store
         self.url = url
         self.takeover = takeover  # --replicate-takeover: may start on a prefix another pool wrote
         self.ancestors: frozenset[str] = frozenset()  # pools this one continues besides its lineage (a restore
         # that has not reached the journal yet: daemon.assemble)
         self.conflict: S3Error | None = None  # another writer under the prefix: stopped for good
-        self.keep = max(1, keep)
+        self.policy = policy
+        self.clock = clock  # wall-clock seconds: manifest times and the retention policy's "now"
         self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
         self.memory = max(memory, self.part)
         self.parts = PartMemory(self.memory)  # the part buffers, shared with the uploader process
@@ -182,12 +225,16 @@ class Replicator:
         self.read_from = Counter()  # bytes read for uploads: arena, device
         self.errors: Counter = Counter()  # failed calls by cause
         self.failing: S3Error | None = None  # the last call failed with this (until one succeeds)
+        self.failing_since: float | None = None  # wall-clock time the failure began
+        self.waiting_bytes = 0  # bytes of the running (or last failed) cycle's objects not uploaded yet
+        self.waiting_commits = 0  # batches committed since the snapshot of the standing manifest
         self.last_error: dict | None = None  # {cause, message, time}
 
     # ---- hooks ------------------------------------------------------------------
     def notify(self, batch) -> None:
         """The store's on_commit hook: a batch reached the journal."""
         if any(not p.void for p in batch):
+            self.waiting_commits += 1
             if self.pending_since is None:
                 self.pending_since = time.monotonic()
             self.changed.set()
@@ -216,14 +263,17 @@ class Replicator:
 
     def statistics(self) -> "ReplicationStats":
         """The replication block of `ckptfs status` (and the metrics)."""
-        failing = None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing)}
+        failing = None if self.failing is None else {"cause": self.failing.cause, "message": str(self.failing),
+                                                     "since": self.failing_since}
         return ReplicationStats(
             str(self.target), self.started, round(self.lag(), 3), self.cycle_running, self.bytes_uploaded,
             self.bytes_resumed, self.objects_uploaded, len(self.objects), self.manifests_written,
             self.objects_deleted, self.manifests_deleted, self.generation, self.last_manifest_time,
-            self.standing.journal_seq if self.standing is not None else None, self.covered_seq, self.keep,
+            self.standing.journal_seq if self.standing is not None else None, self.covered_seq,
+            self.policy.describe(),
             self.rate, self.memory, self.read_from["arena"], self.read_from["device"], dict(self.errors),
-            sum(self.errors.values()), failing, self.last_error, self.target.statistics())
+            sum(self.errors.values()), failing, self.waiting_bytes, self.waiting_commits, self.last_error,
+            self.target.statistics())
 
     # ---- waiting -------------------------------------------------------------------
     async def wait_covered(self, seq: int) -> None:
@@ -253,20 +303,27 @@ class Replicator:
             self.parts.close()
 
     async def _guarded(self, step) -> None:
-        """Run `step` until it completes; a bug is logged and retried, never takes the daemon down."""
-        delay = BACKOFF_MIN
+        """Run `step` until it completes. A permanent failure (already logged) is tried again after
+        PERMANENT_RETRY seconds; a bug is logged and retried with backoff, and never takes the daemon
+        down."""
+        attempt = 0
         while True:
             try:
                 return await step()
+            except (CycleFailed, S3Error) as e:
+                if isinstance(e, S3Error):
+                    self._failed(e)
+                delay = PERMANENT_RETRY
             except Exception as e:  # noqa: BLE001 - the mount must keep serving whatever replication does
                 log.exception("unexpected error in replication")
                 self._failed(S3Error(OTHER, f"internal error: {type(e).__name__}: {e}"))
-                self.cycle_running = False
-                if self.cycle_since is not None:  # the change is still not replicated
-                    self.pending_since = min(self.cycle_since, self.pending_since or self.cycle_since)
-                    self.cycle_since = None
-                await trio.sleep(delay)
-                delay = min(2 * delay, BACKOFF_MAX)
+                delay = backoff(attempt)
+                attempt += 1
+            self.cycle_running = False
+            if self.cycle_since is not None:  # the change is still not replicated
+                self.pending_since = min(self.cycle_since, self.pending_since or self.cycle_since)
+                self.cycle_since = None
+            await trio.sleep(delay)
 
     async def finish(self, timeout: float) -> bool:
         """At unmount: wait (at most `timeout` s) until the final durable state is replicated; False
@@ -286,7 +343,7 @@ class Replicator:
         self.generation = gens[-1] if gens else 0
         for g in gens:
             self.kept[g] = None
-        for g in gens[-self.keep:]:
+        for g in gens:  # every one: the retention policy needs their times
             try:
                 self.kept[g] = await self._s3(self.target.manifest, g)
             except BadManifest as e:
@@ -329,22 +386,27 @@ class Replicator:
         self.cycle_since, self.pending_since = self.pending_since, None
         self.cycle_running = True
         seq = store.committer.seq
+        commits = self.waiting_commits
         manifest, versions = take(store.durable, pool=self.pool, seq=seq,
-                                  chunk_size=store.chunk_size, time_ns=time.time_ns(),
+                                  chunk_size=store.chunk_size, time_ns=int(self.clock() * 1e9),
                                   generation=self.generation + 1)
         missing = [v for k, v in versions.items() if k not in self.objects]
+        self.waiting_bytes = sum(v.size for v in missing)
         units = [u for v in missing for u in v.units()]
+        failed: list[S3Error] = []
         for dev, unit in units:
             store.alloc.claim(dev, unit)  # pinned: not reused while we read them
         try:
             async with trio.open_nursery() as nursery:
                 objects = trio.CapacityLimiter(max(1, min(self.memory // self.part, 16)))
                 for v in missing:
-                    nursery.start_soon(self._upload, v, objects)
+                    nursery.start_soon(self._upload, v, objects, failed, nursery.cancel_scope)
         finally:
             for dev, unit in units:
                 store.alloc.release(dev, unit)
             store.wake()
+        if failed:  # permanent: no manifest can name what is not there
+            raise CycleFailed(str(failed[0]))
         await self._abort_left()
         if await self._intruder():  # before a manifest, and before any collection
             self.cycle_running = False
@@ -358,7 +420,7 @@ class Replicator:
             self.generation = manifest.generation
             self.kept[manifest.generation] = manifest
             self.manifests_written += 1
-            self.last_manifest_time = time.time()
+            self.last_manifest_time = manifest.time_ns / 1e9
             log.info("replicate.manifest", extra={"fields": {
                 "generation": manifest.generation, "journal_seq": seq, "entries": len(manifest.entries),
                 "uploaded": len(missing)}})
@@ -367,6 +429,7 @@ class Replicator:
             self.covered_seq = seq
         self.cycle_since = None
         self.cycle_running = False
+        self.waiting_commits -= commits
         self.progress.unpark_all()
         await self._collect()
 
@@ -406,8 +469,10 @@ class Replicator:
         self.cycle_since = self.cycle_since or self.pending_since
 
     async def _collect(self) -> None:
-        """Delete manifests beyond the newest `keep`, then objects no kept manifest names."""
-        drop = collectable(list(self.kept), self.keep)
+        """Delete the manifests the retention policy no longer keeps, then objects no kept manifest
+        names (an unreadable manifest is kept: nothing is deleted on a guess)."""
+        times = {g: (None if m is None else m.time_ns / 1e9) for g, m in self.kept.items()}
+        drop = retention.forget(times, self.policy, self.clock())
         if drop:
             await self._s3(self.target.delete, [manifest_name(g) for g in drop])
             for g in drop:
@@ -421,21 +486,34 @@ class Replicator:
             self.objects_deleted += len(garbage)
 
     # ---- uploads -------------------------------------------------------------------------
-    async def _upload(self, v: Version, objects: trio.CapacityLimiter) -> None:
+    async def _upload(self, v: Version, objects: trio.CapacityLimiter, failed: list,
+                      cycle: trio.CancelScope) -> None:
+        """Upload `v`; a permanent failure is appended to `failed` (and one that concerns every
+        call, such as refused credentials, cancels the rest of the cycle)."""
         async with objects:
             part = part_size(v.size, self.store.chunk_size, self.part)
             nparts = max(1, -(-v.size // part))
-            while True:
+            for restart in range(RESTARTS + 1):
                 try:
                     if nparts == 1:
                         await self._put_small(v, part)
                     else:
                         await self._put_multipart(v, nparts, part)
                     break
-                except NoSuchUpload as e:
-                    self._failed(e)  # the store lost it (restarted?): upload the object again
+                except NoSuchUpload as e:  # the store lost it (restarted?): upload the object again
+                    self._failed(e)
+                    if restart == RESTARTS:
+                        failed.append(e)
+                        return
+                except S3Error as e:
+                    self._failed(e)
+                    failed.append(e)
+                    if e.cause in GLOBAL:
+                        cycle.cancel()
+                    return
         self.objects.add(v.key)
         self.objects_uploaded += 1
+        self.waiting_bytes = max(0, self.waiting_bytes - v.size)
 
     async def _put_small(self, v: Version, size: int) -> None:
         buf = await self.parts.take(size)
@@ -463,11 +541,16 @@ class Replicator:
             finally:
                 self.parts.give_back(buf)
 
+        todo = iter([i for i in range(nparts) if etags[i] is None])
+
+        async def worker() -> None:
+            for i in todo:  # shared: each part is taken by one worker
+                await part(i)
+
         try:
             async with trio.open_nursery() as nursery:
-                for i in range(nparts):
-                    if etags[i] is None:
-                        nursery.start_soon(part, i)
+                for _ in range(max(1, min(nparts, self.memory // size))):
+                    nursery.start_soon(worker)
             await self._s3(self.target.complete_upload, v.key, upload_id, etags)
         except BaseException as e:
             if _cancelled(e):
@@ -477,7 +560,7 @@ class Replicator:
                     await self.target.abort_upload(self.target.key(v.key), upload_id)
                 except S3Error:
                     pass
-            raise
+            raise _first_failure(e)
 
     async def _resumed(self, v: Version, nparts: int, size: int) -> tuple[str | None, list | None]:
         """An upload of `v` a predecessor left, and the ETag of each of its parts that can stay (one of
@@ -516,21 +599,20 @@ class Replicator:
                 log.info("replicate.stale_upload_kept", extra={"fields": {"object": rel, "error": str(e)}})
 
     async def _read(self, v: Version, offset: int, buf: Part) -> int:
-        """Read a part, retrying device errors with the same backoff as the store's calls."""
-        delay = BACKOFF_MIN
-        while True:
-            try:
-                return await read_part(self.store, v, offset, buf.view, self.read_from)
-            except FsError as e:
-                self._failed(S3Error(DEVICE, f"reading inode {v.ino} for upload: {e}"))
-                await trio.sleep(delay)
-                delay = min(2 * delay, BACKOFF_MAX)
+        """Read a part; a device or checksum error is permanent for this version (S3Error DEVICE)."""
+        try:
+            return await read_part(self.store, v, offset, buf.view, self.read_from)
+        except FsError as e:
+            raise S3Error(DEVICE, f"reading inode {v.ino} (object {v.key}) from the devices for upload: {e}; "
+                                  f"run ckptfs fsck; replication of this file resumes once it is "
+                                  f"rewritten or removed") from None
 
     # ---- calls and their failures ------------------------------------------------------------
     async def _s3(self, fn, *args):
-        """`await fn(*args)` (a call of the uploader process), at most `connections` at once; a failure is
-        reported, then retried with backoff (forever)."""
-        delay = BACKOFF_MIN
+        """`await fn(*args)` (a call of the uploader process), at most `connections` at once; a transient
+        failure is reported, then retried with backoff (forever); a permanent one is raised (NoSuchUpload
+        unreported: the caller decides)."""
+        attempt = 0
         while True:
             try:
                 async with self.s3_limiter:
@@ -538,13 +620,15 @@ class Replicator:
             except NoSuchUpload:
                 raise
             except S3Error as e:
+                if not transient(e):
+                    raise
                 self._failed(e)
-                await trio.sleep(delay)
-                delay = min(2 * delay, BACKOFF_MAX)
+                await trio.sleep(backoff(attempt))
+                attempt += 1
                 continue
-            if self.failing is not None:
+            if self.failing is not None and self.failing.cause != CONFLICT:
                 log.info("replicate.recovered", extra={"fields": {"target": str(self.target)}})
-                self.failing = None
+                self.failing = self.failing_since = None
                 self.progress.unpark_all()
             return result
 
@@ -552,6 +636,11 @@ class Replicator:
         self.errors[e.cause] += 1
         self.last_error = {"cause": e.cause, "message": str(e), "time": time.time()}
         if self.failing is None or self.failing.cause != e.cause:  # once per failure, not per retry
-            log.error("replicate.failed", extra={"fields": {"cause": e.cause, "error": str(e), "retry": "with backoff"}})
+            kind = "transient" if transient(e) else "permanent"
+            retry = "with backoff" if transient(e) else (
+                "never (another writer)" if e.cause == CONFLICT else f"the cycle in {PERMANENT_RETRY:g}s")
+            log.error("replicate.failed", extra={"fields": {"cause": e.cause, "kind": kind, "error": str(e),
+                                                            "retry": retry}})
+            self.failing_since = time.time()
         self.failing = e
         self.progress.unpark_all()

@@ -1,0 +1,228 @@
+"""The object store as a backup users live with (SeaweedFS, the `s3` fixture; real mounts).
+
+Each test is a scenario: a mount started while the store is down (it comes up, serves,
+and catches up once the store answers); history a local delete or overwrite cannot
+erase (`ckptfs replicas ls/files/restore`, `--restore-from --generation`); the retention
+policy over a simulated day (the daemon's clock read from a file: no sleeps); an
+identity that may read but not write (one clear permanent error, the mount unaffected);
+and no credential in any log line at `--log-level debug`. `ckptfs replicas verify`
+checks the store after each.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ckptfs.replicate.retention import HOUR, Policy, keep
+from mounting import CkptMount, ckptfs, is_mounted
+from test_replicate import bucket, check_complete, manifests, replicating, replication  # noqa: F401 - fixture
+from waiting import poll
+
+pytestmark = pytest.mark.mount
+MiB = 1 << 20
+
+
+def replicas(*args: str, check: bool = True, **kw):
+    return ckptfs("replicas", *args, check=check, **kw)
+
+
+def verify(s3, url: str, *more: str) -> None:
+    res = replicas("verify", url, "--s3-endpoint", s3.endpoint, "--read-data", *more)
+    assert "no problems" in res.stdout, res.stdout
+
+
+def test_a_mount_started_while_the_store_is_down_comes_up_and_catches_up(tmp_path, s3, bucket):
+    url = f"s3://{bucket}/node0"
+    s3.kill()
+    try:
+        m = CkptMount(tmp_path / "m", memory="256M", extra=("--replicate", url, "--s3-endpoint", s3.endpoint))
+        res = m.mount()
+        assert is_mounted(m.path) and "cannot be reached now" in res.stderr, res.stderr
+        data = os.urandom(5 * MiB + 3)
+        (m.path / "a.bin").write_bytes(data)
+        assert ckptfs("wait", str(m.path / "a.bin"), timeout=60).returncode == 0  # durable locally
+        poll(lambda: (replication(m)["failing"] or {}).get("cause") == "network", "the outage in status", timeout=60)
+        rep = replication(m)
+        assert rep["failing"]["since"] > 0 and rep["waiting_commits"] >= 1 and not rep["started"]
+        assert "Replication failing since" in ckptfs("status", str(m.path)).stdout
+        res = ckptfs("wait", "--replicated", "--timeout", "1", str(m.path / "a.bin"))
+        assert res.returncode == 124 and "network" in res.stderr, res.stderr
+    finally:
+        s3.start()
+    try:
+        res = ckptfs("wait", "--replicated", str(m.path), timeout=120)
+        assert res.returncode == 0, res.stderr
+        rep = replication(m)
+        assert rep["failing"] is None and rep["waiting_bytes"] == 0
+        gens = json.loads(replicas("ls", url, "--s3-endpoint", s3.endpoint, "--json").stdout)
+        assert len(gens) == 1 and gens[0]["files"] == 1 and gens[0]["bytes"] == len(data)
+        assert check_complete(s3.client(), bucket, manifests(s3.client(), bucket)[gens[0]["generation"]])["a.bin"] == data
+    finally:
+        m.close()
+    verify(s3, url)
+
+
+def test_history_brings_back_a_file_deleted_or_overwritten_on_the_node(tmp_path, s3, bucket):
+    torch = pytest.importorskip("torch")
+    url = f"s3://{bucket}/node0"
+    ep = ("--s3-endpoint", s3.endpoint)
+    m = replicating(tmp_path, s3, bucket, "--replicate-keep-within", "1h")  # every generation of the last hour
+    try:
+        good = {"w": torch.arange(300_000, dtype=torch.float32)}
+        torch.save(good, m.path / "good.pt")
+        (m.path / "notes.txt").write_bytes(b"run 1\n")
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        first = replication(m)["generation"]
+        torch.save({"w": torch.full((300_000,), float("nan"))}, m.path / "good.pt")  # the good one overwritten
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        os.unlink(m.path / "good.pt")  # then deleted
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        newest = replication(m)["generation"]
+    finally:
+        m.close()
+    assert newest >= first + 2
+    listing = replicas("ls", url, *ep).stdout
+    gens = {g["generation"]: g for g in json.loads(replicas("ls", url, *ep, "--json").stdout)}
+    assert f"{len(gens)} generation(s)" in listing and f"\n{first:>10}  " in listing, listing
+    assert set(range(first, newest + 1)) <= set(gens)  # every generation of the last hour is kept
+    files = json.loads(replicas("files", url, *ep, "--json").stdout)
+    assert files["generation"] == newest and [f["path"] for f in files["files"]] == ["notes.txt"]
+    old = json.loads(replicas("files", url, *ep, "--generation", str(first), "--json").stdout)
+    assert sorted(f["path"] for f in old["files"]) == ["good.pt", "notes.txt"]
+
+    out = tmp_path / "back"
+    res = replicas("restore", url, str(out), *ep, "--generation", str(first), "good.pt")
+    assert "restored 1 file(s)" in res.stdout and sorted(os.listdir(out)) == ["good.pt"]
+    assert torch.equal(torch.load(out / "good.pt")["w"], good["w"])
+    at = gens[first]["time"] + 0.001  # --at: the newest generation written by then
+    res = replicas("restore", url, str(tmp_path / "at"), *ep, "--at", _iso(at))
+    assert torch.equal(torch.load(tmp_path / "at" / "good.pt")["w"], good["w"])
+    assert (tmp_path / "at" / "notes.txt").read_bytes() == b"run 1\n"
+    res = replicas("restore", url, str(tmp_path / "x"), *ep, "--generation", "999999", check=False)
+    assert res.returncode == 2 and "has no generation 999999" in res.stderr, res.stderr
+
+    # --restore-from takes the same choice: a new pool holding the state before the mistakes
+    r = CkptMount(tmp_path / "r", memory="256M")
+    r.mount("--restore-from", url, *ep, "--generation", str(first))
+    try:
+        assert torch.equal(torch.load(r.path / "good.pt")["w"], good["w"])
+    finally:
+        r.close()
+    verify(s3, url)
+
+    # prune by hand: a dry run deletes nothing; then only the newest stays, and what it names
+    policy = ("--keep-last", "1", "--keep-hourly", "0", "--keep-daily", "0", "--grace", "0")
+    before = manifests(s3.client(), bucket)
+    res = json.loads(replicas("prune", url, *ep, *policy, "--dry-run", "--json").stdout)
+    assert res["kept_generations"] == [max(before)] and res["deleted_generations"] == sorted(before)[:-1]
+    assert manifests(s3.client(), bucket).keys() == before.keys()
+    res = replicas("prune", url, *ep, *policy)
+    assert "deleted" in res.stdout
+    after = manifests(s3.client(), bucket)
+    assert list(after) == [max(before)]
+    listed = {o["Key"][len("node0/"):] for o in
+              s3.client().list_objects_v2(Bucket=bucket, Prefix="node0/objects/").get("Contents", [])}
+    assert listed == after[max(before)].objects()
+    verify(s3, url)
+
+
+def _iso(t: float) -> str:
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def test_retention_over_a_simulated_day_keeps_what_the_policy_says(tmp_path, s3, bucket, monkeypatch):
+    """A save every 50 simulated minutes for a day and a half, under keep-last 2, hourly 5, daily 2: the
+    generations left are exactly those the policy keeps, and a file deleted at the end comes back
+    from the generation the daily rule kept of the day before."""
+    clock = tmp_path / "clock"
+    day = 1_800_000_000.0 - 1_800_000_000.0 % 86400  # 00:00 UTC of a (future) day
+    t = day + 3600
+    clock.write_text(repr(t))
+    monkeypatch.setenv("CKPTFS_CLOCK_FILE", str(clock))
+    policy = Policy(last=2, hourly=5, daily=2)
+    m = replicating(tmp_path, s3, bucket, "--replicate-keep-last", "2", "--replicate-keep-hourly", "5",
+                    "--replicate-keep-daily", "2")
+    written: dict[int, float] = {}  # generation -> the simulated time it was written at
+    url = f"s3://{bucket}/node0"
+
+    def step(t: float) -> None:
+        clock.write_text(repr(t))
+        before = max(written, default=0)
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=60).returncode == 0
+        for g in range(before + 1, replication(m)["generation"] + 1):  # the daemon idles between steps
+            written[g] = t
+
+    try:
+        (m.path / "early.bin").write_bytes(b"from the first hour\n")
+        step(t)
+        for i in range(44):
+            t += 50 * 60
+            clock.write_text(repr(t))
+            (m.path / "step.txt").write_bytes(b"step %d\n" % i)
+            if i == 43:
+                os.unlink(m.path / "early.bin")
+            step(t)
+        want = keep(written, policy, t)
+        poll(lambda: set(manifests(s3.client(), bucket)) == want, "the collection of the last cycle", timeout=30)
+    finally:
+        m.close()
+    kept = manifests(s3.client(), bucket)
+    assert set(kept) == want and {g: kept[g].time_ns / 1e9 for g in kept} == {g: written[g] for g in kept}
+    assert len(written) > 40 and len(kept) <= 2 + 5 + 2
+    assert len({int(written[g] // HOUR) for g in kept}) >= 5
+    verify(s3, url)
+    # early.bin, deleted at the last save, comes back from the newest generation of the first day
+    first_day_end = _iso(day + 86400 - 1)
+    old = json.loads(replicas("files", url, "--s3-endpoint", s3.endpoint, "--at", first_day_end, "--json").stdout)
+    assert old["time"] < day + 86400 and "early.bin" in [f["path"] for f in old["files"]]
+    replicas("restore", url, str(tmp_path / "back"), "--s3-endpoint", s3.endpoint, "--at", first_day_end, "early.bin")
+    assert (tmp_path / "back" / "early.bin").read_bytes() == b"from the first hour\n"
+
+
+def test_an_identity_that_may_only_read_gets_one_clear_permanent_error(tmp_path, s3, bucket, monkeypatch):
+    for k, v in s3.env(reader=True).items():
+        monkeypatch.setenv(k, v)
+    m = replicating(tmp_path, s3, bucket)  # the mount-time check reads and lists: allowed
+    try:
+        data = os.urandom(2 * MiB)
+        (m.path / "a.bin").write_bytes(data)
+        assert ckptfs("wait", str(m.path / "a.bin"), timeout=60).returncode == 0  # the local mount is unaffected
+        poll(lambda: (replication(m)["failing"] or {}).get("cause") == "auth", "the refusal in status", timeout=60)
+        failing = replication(m)["failing"]
+        assert "put s3://" in failing["message"] and "check the credentials" in failing["message"], failing
+        res = ckptfs("wait", "--replicated", "--timeout", "2", str(m.path / "a.bin"))
+        assert res.returncode == 124 and "auth" in res.stderr
+        assert (m.path / "a.bin").read_bytes() == data
+        failed = [line for line in m.log_text().splitlines() if "replicate.failed" in line]
+        assert len(failed) == 1 and "kind=permanent" in failed[0] and "cause=auth" in failed[0], failed
+    finally:
+        m.close()
+    assert not manifests(s3.client(), bucket)
+
+
+@pytest.mark.parametrize("libraries", ["", "botocore"])
+def test_no_credential_reaches_any_log_at_debug_level(tmp_path, s3, bucket, monkeypatch, libraries):
+    """The daemon (and the uploader process it starts) at --log-level debug, with a session token the
+    store refuses (every call is made and fails): neither the key id, the secret nor the token is in
+    any line written. With CKPTFS_LOG_LIBRARIES=botocore (a user asking for botocore's lines by name)
+    they are: the check can fail."""
+    token = "FQoGZXIvYXdzEXAMPLETOKEN0123456789"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    monkeypatch.setenv("CKPTFS_LOG_LIBRARIES", libraries)
+    m = replicating(tmp_path, s3, bucket, "--log-level", "debug", "--no-replicate-check")
+    try:
+        (m.path / "a.bin").write_bytes(os.urandom(MiB))
+        poll(lambda: (replication(m)["failing"] or {}).get("cause") == "auth", "the refused token", timeout=60)
+    finally:
+        m.close()
+    text = m.log_text()
+    assert " debug " in text  # the daemon did log at debug level
+    secrets = [s3.env()["AWS_ACCESS_KEY_ID"], s3.env()["AWS_SECRET_ACCESS_KEY"], token]
+    if libraries:
+        assert token in text  # botocore's request lines, asked for by name
+    else:
+        leaked = [s for s in secrets if s in text]
+        assert not leaked, leaked
