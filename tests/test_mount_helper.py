@@ -144,11 +144,15 @@ def test_translates_to_the_ckptfs_command_line():
 def test_replication_options_reach_the_ckptfs_command_line():
     args = H.parse_argv(["/dev/a", "/ckpt", "-o", "replicate=s3://ckpt/run/node-3,s3_endpoint=http://10.0.0.5:8333,"
                                                   "replicate-rate=100M,replicate_keep=5,replicate_memory=1G,"
-                                                  "replicate_priority=low"])
+                                                  "replicate_priority=low,replicate_keep_hourly=0,"
+                                                  "replicate_keep_within=2h,s3_sse=aws:kms,s3_sse_kms_key_id=k1,"
+                                                  "s3_region=eu-west-1,s3_storage_class=STANDARD_IA"])
     _, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--s3-endpoint", "http://10.0.0.5:8333",
-                       "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-memory", "1G",
-                       "--replicate-priority", "low"]
+                       "--replicate-rate", "100M", "--replicate-keep", "5", "--replicate-keep-hourly", "0",
+                       "--replicate-keep-within", "2h", "--replicate-memory", "1G",
+                       "--replicate-priority", "low", "--s3-region", "eu-west-1", "--s3-sse", "aws:kms",
+                       "--s3-sse-kms-key-id", "k1", "--s3-storage-class", "STANDARD_IA"]
     args = H.parse_argv(["/dev/a", "/ckpt", "-o", "replicate=s3://ckpt/run/node-3,replicate_takeover,foreground"])
     _, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert cmd[5:] == ["--replicate", "s3://ckpt/run/node-3", "--replicate-takeover", "--foreground"]
@@ -157,7 +161,8 @@ def test_replication_options_reach_the_ckptfs_command_line():
     assert "takes no value" in str(e.value)
     for bad, word in (("replicate=ckpt/run", "s3://"), ("s3_endpoint=10.0.0.5", "http://"),
                       ("replicate_rate=fast", "replicate_rate=fast"), ("replicate_keep=0", "at least 1"),
-                      ("replicate_priority=realtime", "idle, low, normal")):
+                      ("replicate_priority=realtime", "idle, low, normal"), ("s3_sse=rot13", "AES256"),
+                      ("replicate_keep_within=soon", "30m"), ("replicate_keep_daily=-1", "whole number")):
         with pytest.raises(H.UsageError) as e:
             H.parse_options(bad)
         assert word in str(e.value)

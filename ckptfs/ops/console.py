@@ -189,10 +189,10 @@ def _replication_lines(rep: dict) -> list:
     if rep.get("failing"):
         f = rep["failing"]
         how = "stopped" if stopped else "failing"
-        since = f" since {time.strftime('%H:%M:%S', time.localtime(f['since']))}" if f.get("since") else ""
-        lines.append(Text(f"Replication {how}{since} ({f['cause']}){'' if stopped else ', retrying'}: {f['message']}; "
-                          f"{rep.get('waiting_commits', 0)} change(s) and {human_bytes(rep.get('waiting_bytes', 0))} "
-                          f"waiting", style="bold red"))
+        since = f"since {time.strftime('%H:%M:%S', time.localtime(f['since']))}; " if f.get("since") else ""
+        lines.append(Text(f"Replication {how} ({f['cause']}){'' if stopped else ', retrying'}: {f['message']}; "
+                          f"{since}{rep.get('waiting_commits', 0)} change(s) and "
+                          f"{human_bytes(rep.get('waiting_bytes', 0))} waiting", style="bold red"))
     elif rep.get("errors_total"):
         last = rep.get("last_error") or {}
         lines.append(Text(f"Replication errors so far: {rep['errors_total']} (last: {last.get('cause')}: "

@@ -500,11 +500,14 @@ class Replicator:
                     else:
                         await self._put_multipart(v, nparts, part)
                     break
-                except NoSuchUpload as e:  # the store lost it (restarted?): upload the object again
-                    self._failed(e)
+                except NoSuchUpload as e:  # the store forgot it (a lifecycle rule, a restart): send it again
+                    self.errors[e.cause] += 1
                     if restart == RESTARTS:
+                        self._failed(e)
                         failed.append(e)
                         return
+                    log.warning("replicate.upload_restarted", extra={"fields": {
+                        "object": v.key, "error": str(e), "restart": restart + 1, "of": RESTARTS}})
                 except S3Error as e:
                     self._failed(e)
                     failed.append(e)
