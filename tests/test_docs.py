@@ -178,9 +178,18 @@ def _options(rest: str) -> list[str]:
 def cli_options() -> dict[str, set[str]]:
     from ckptfs.cli import build_parser
 
+    def options(p: argparse.ArgumentParser) -> set[str]:
+        """p's options, and those of its own subcommands (`ckptfs replicas ls --json`)."""
+        out = set(p._option_string_actions)
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sp in a.choices.values():
+                    out |= options(sp)
+        return out
+
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: set(sp._option_string_actions) for name, sp in subs.choices.items()}
+    return {name: options(sp) for name, sp in subs.choices.items()}
 
 
 def script_options(rel: str) -> set[str] | None:

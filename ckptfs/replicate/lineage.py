@@ -16,7 +16,7 @@ manifest there was written by
   remounts and crashes, or
 - any pool, when the mount says `--replicate-takeover` (the operator knows
   the old pool is gone for good; its states are collected once
-  `--replicate-keep` newer ones stand).
+  the retention policy drops them).
 
 Otherwise the mount is refused with one line (`refusal`), and a replicator
 that finds it so at its start writes and deletes nothing. Once it runs, a
