@@ -9,6 +9,7 @@ names.
 import stat
 
 import crc32c
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -228,3 +229,30 @@ def test_lineage_lives_in_a_hidden_root_attribute_and_bad_values_read_as_none():
     for bad in (b"not json", b"{}", b'[1, "aa"]'):
         ns.setxattr(ROOT_INO, lineage.LINEAGE_XATTR, bad)
         assert lineage.of(ns) <= {"aa"}
+
+
+def test_backoff_is_full_jitter_under_a_doubling_cap():
+    """Each delay is drawn from 0 .. min(BACKOFF_MAX, BACKOFF_MIN * 2^n): spread over the whole range
+    (nodes that lost the store together do not retry in lockstep), never above the cap."""
+    import random
+
+    from ckptfs.replicate.replicator import BACKOFF_MAX, BACKOFF_MIN, backoff
+    rng = random.Random(1)
+    for attempt in (0, 1, 3, 5, 40, 1000):
+        cap = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** attempt)
+        draws = [backoff(attempt, rng) for _ in range(2000)]
+        assert all(0 <= d <= cap for d in draws)
+        assert min(draws) < cap * 0.05 and max(draws) > cap * 0.95  # the whole range, not a fixed delay
+
+
+def test_upload_arguments_come_from_the_environment_and_bad_ones_are_refused():
+    from ckptfs.replicate.client import KMS_KEY_ENV, SSE_ENV, STORAGE_CLASS_ENV, upload_args
+    assert upload_args({}) == {}
+    assert upload_args({SSE_ENV: "AES256", STORAGE_CLASS_ENV: "STANDARD_IA"}) == {
+        "ServerSideEncryption": "AES256", "StorageClass": "STANDARD_IA"}
+    assert upload_args({SSE_ENV: "aws:kms", KMS_KEY_ENV: "alias/ckpt"}) == {
+        "ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/ckpt"}
+    for env, word in (({SSE_ENV: "rot13"}, "server-side encryption"), ({KMS_KEY_ENV: "k"}, "aws:kms"),
+                      ({SSE_ENV: "AES256", KMS_KEY_ENV: "k"}, "aws:kms"), ({STORAGE_CLASS_ENV: "COLD"}, "COLD")):
+        with pytest.raises(ValueError, match=word):
+            upload_args(env)
