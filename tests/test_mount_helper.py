@@ -311,6 +311,25 @@ def test_restore_from_restores_blank_devices_then_mounts_the_pool_as_it_is(pool,
 
 
 @pytest.mark.mount
+def test_an_fstab_mount_with_replication_comes_up_while_the_store_is_down(pool, tmp_path, monkeypatch):
+    """replicate= toward a store nothing answers for (a reboot during an outage): the helper mounts,
+    the node's files are served and made durable, and status names the outage."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    devices, mnt = pool
+    opts = (f"memory=256M,format=if-needed,log_file={tmp_path}/d.log,replicate=s3://ckpt/node-0,"
+            f"s3_endpoint=http://127.0.0.1:9,_netdev,nofail")
+    res = helper(devices, str(mnt), "-o", opts)
+    assert res.returncode == 0 and is_mounted(mnt), res.stderr
+    assert "cannot be reached now" in res.stderr, res.stderr
+    (mnt / "x.bin").write_bytes(b"x" * (3 << 20))
+    assert subprocess.run([CKPTFS_BIN, "wait", str(mnt / "x.bin")], timeout=60).returncode == 0
+    poll(lambda: "Replication failing (network)" in subprocess.run(
+        [CKPTFS_BIN, "status", str(mnt)], capture_output=True, text=True).stdout, "the outage in status", timeout=60)
+    assert helper(str(mnt), name="umount.fuse.ckptfs").returncode == 0
+
+
+@pytest.mark.mount
 def test_ckptfs_mount_failure_is_exit_32(pool):
     devices, mnt = pool  # blank devices, no format option: not a pool
     res = helper(devices, str(mnt), "-o", "memory=256M")

@@ -341,3 +341,28 @@ def test_a_file_of_2_gib_replicates_and_restores_bit_exact(tmp_path, s3, bucket)
         while block := f.read(64 * MiB):
             back.update(block)
     assert back.hexdigest() == digest.hexdigest() and (out / "huge.bin").stat().st_size == (2 << 30) + 4
+
+
+def test_server_side_encryption_and_storage_class_reach_every_object(tmp_path, s3, bucket):
+    """--s3-sse AES256 and --s3-storage-class STANDARD_IA: every object written (a single PUT, a
+    multipart upload, the manifest) carries both, and the history restores as usual. (aws:kms needs
+    a KMS the test server does not have: the argument checks are in test_replicate_unit.py.)"""
+    url = f"s3://{bucket}/node0"
+    m = replicating(tmp_path, s3, bucket, "--s3-sse", "AES256", "--s3-storage-class", "STANDARD_IA")
+    small, big = os.urandom(MiB + 1), os.urandom(20 * MiB + 3)
+    try:
+        (m.path / "small.bin").write_bytes(small)
+        (m.path / "big.bin").write_bytes(big)
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+    finally:
+        m.close()
+    client = s3.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="node0/").get("Contents", [])]
+    assert any("/manifests/" in k for k in keys) and sum("/objects/" in k for k in keys) == 2, keys
+    for key in keys:
+        head = client.head_object(Bucket=bucket, Key=key)
+        assert (head.get("ServerSideEncryption"), head.get("StorageClass")) == ("AES256", "STANDARD_IA"), key
+    out = tmp_path / "back"
+    replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint)
+    assert (out / "small.bin").read_bytes() == small and (out / "big.bin").read_bytes() == big
+    verify(s3, url)
