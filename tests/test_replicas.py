@@ -366,3 +366,45 @@ def test_server_side_encryption_and_storage_class_reach_every_object(tmp_path, s
     replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint)
     assert (out / "small.bin").read_bytes() == small and (out / "big.bin").read_bytes() == big
     verify(s3, url)
+
+
+def test_verify_finds_a_missing_object_a_short_one_and_damaged_bytes(tmp_path, s3, bucket):
+    """`replicas verify` can fail: an object deleted behind ckptfs's back, one cut short, and one
+    whose bytes changed but not its size (found only with --read-data) each give a line naming the
+    generation, the path and the object, and exit status 1; bad input is one line and exit 2."""
+    url, ep = f"s3://{bucket}/node0", ("--s3-endpoint", s3.endpoint)
+    m = replicating(tmp_path, s3, bucket)
+    try:
+        for name in ("a.bin", "b.bin", "c.bin"):
+            (m.path / name).write_bytes(os.urandom(3 * MiB + 7))
+        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+    finally:
+        m.close()
+    verify(s3, url)
+    client = s3.client()
+    newest = manifests(client, bucket)
+    entries = {e.path: e.object for e in newest[max(newest)].entries if e.object}
+    key = {p: f"node0/{o}" for p, o in entries.items()}
+    body = client.get_object(Bucket=bucket, Key=key["c.bin"])["Body"].read()
+    client.put_object(Bucket=bucket, Key=key["c.bin"], Body=body[:MiB] + bytes(len(body) - MiB))  # same size
+    res = replicas("verify", url, *ep)
+    assert res.returncode == 0 and "no problems" in res.stdout, res.stdout  # sizes alone cannot see it
+    res = replicas("verify", url, *ep, "--read-data", check=False)
+    assert res.returncode == 1 and "c.bin" in res.stdout and "CRC-32C" in res.stdout, res.stdout
+    client.delete_object(Bucket=bucket, Key=key["a.bin"])
+    client.put_object(Bucket=bucket, Key=key["b.bin"], Body=b"short")
+    res = replicas("verify", url, *ep, "--json", check=False)
+    problems = json.loads(res.stdout)["problems"]
+    assert res.returncode == 1 and len(problems) == 2, problems
+    assert any("a.bin" in p and "missing" in p for p in problems)
+    assert any("b.bin" in p and "holds 5 bytes" in p for p in problems)
+    for args, words in ((("ls", "http://x/y"), "bad URL"), (("files", url, *ep, "--generation", "1", "--at", "2h"),
+                                                             "give one"),
+                        (("prune", url, *ep, "--grace", "soon"), "bad --grace"),
+                        (("files", url, *ep, "--at", "yesterday"), "bad time"),
+                        (("ls", f"s3://{bucket}-none/x", *ep), "bucket")):
+        res = replicas(*args, check=False)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and words in lines[0], (args, res.stderr)
+    res = replicas("ls", f"s3://{bucket}/nothing-here", *ep)
+    assert "no generation under" in res.stdout
