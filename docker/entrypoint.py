@@ -41,7 +41,9 @@ Environment (used when no arguments are given; CKPTFS_FORMAT and CKPTFS_OWNER al
   CKPTFS_S3_ENDPOINT the object store's URL, for stores other than AWS S3 (MinIO, Ceph, SeaweedFS)
   CKPTFS_FORMAT      never (default) or if-needed
   CKPTFS_OWNER       UID[:GID] to own the mount's root directory (non-root trainers)
-  CKPTFS_ARGS        more `ckptfs mount` options, e.g. "--queue-depth 16 --fsync durable"
+  CKPTFS_ARGS        more `ckptfs mount` options, e.g. "--queue-depth 16 --fsync durable", or the
+                     object store's retention and upload options ("--replicate-keep-daily 14
+                     --s3-sse AES256 --s3-region eu-west-1")
 
 Stdlib only; runs `ckptfs` from $PATH.
 """
