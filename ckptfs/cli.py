@@ -154,10 +154,8 @@ def _restore_plan(args, given_chunk: int | None) -> RestorePlan | None:
         return None
     if args.generation is not None and args.at is not None:
         raise UsageError("--generation and --at both choose the state to restore: give one")
-    from .replicate.client import Target
-    from .replicate.manifest import parse_url
-    from .replicate.client import S3Error
-    from .replicate.manifest import BadManifest
+    from .replicate.client import S3Error, Target
+    from .replicate.manifest import BadManifest, parse_url
     from .replicate.replicas import ReplicaError, choose, parse_at
     from .replicate.tree import NothingReplicated, SourceError, load_manifest
 

@@ -39,7 +39,7 @@ import crc32c
 
 from . import plan, retention
 from .client import Target
-from .manifest import OBJECTS, BadManifest, Manifest, manifest_name
+from .manifest import OBJECTS, BadManifest, Manifest, manifest_name, unreferenced
 
 GRACE = 3600.0  # seconds an unnamed object is left to a daemon that may be about to name it
 RANGE_BYTES = 16 << 20  # one GET reads at most this much of an object
@@ -60,13 +60,20 @@ class Generation:
     error: str | None = None
 
 
-def generations(target: Target) -> list[Generation]:
-    out = []
+def _manifests(target: Target):
+    """(generation, its Manifest or the BadManifest it could not be read as), oldest first."""
     for g in target.generations():
         try:
-            m = target.manifest(g)
+            yield g, target.manifest(g)
         except BadManifest as e:
-            out.append(Generation(g, None, None, None, None, str(e)))
+            yield g, e
+
+
+def generations(target: Target) -> list[Generation]:
+    out = []
+    for g, m in _manifests(target):
+        if isinstance(m, BadManifest):
+            out.append(Generation(g, None, None, None, None, str(m)))
             continue
         files = {e.ino or id(e): e.size for e in m.entries if stat.S_ISREG(e.mode)}
         out.append(Generation(g, m.time_ns / 1e9, len(files), sum(files.values()), m.pool))
@@ -114,13 +121,11 @@ def verify(target: Target, read_data: bool = False, progress=None) -> list[str]:
     """Problems found (empty: every manifest decodes, and every object one names is there with its
     size, and with `read_data` its chunks' CRC-32Cs)."""
     problems: list[str] = []
-    objects = {k: size for k, size in target.list(OBJECTS).items()}
+    objects = target.list(OBJECTS)
     checked: set[str] = set()
-    for g in target.generations():
-        try:
-            m = target.manifest(g)
-        except BadManifest as e:
-            problems.append(f"generation {g}: {e}")
+    for g, m in _manifests(target):
+        if isinstance(m, BadManifest):
+            problems.append(f"generation {g}: {m}")
             continue
         for e in m.entries:
             if not stat.S_ISREG(e.mode) or not e.size or e.object in checked:
@@ -148,9 +153,8 @@ def _chunks(target: Target, entry, chunk_size: int):
 
 
 def _check_object(target: Target, entry, chunk_size: int) -> list[str]:
-    bad = [f"chunk {i}: CRC-32C {crc32c.crc32c(b):08x}, the manifest says {entry.crcs[i]:08x}"
-           for i, b in _chunks(target, entry, chunk_size) if crc32c.crc32c(b) != entry.crcs[i]]
-    return bad
+    return [f"chunk {i}: CRC-32C {crc32c.crc32c(b):08x}, the manifest says {entry.crcs[i]:08x}"
+            for i, b in _chunks(target, entry, chunk_size) if crc32c.crc32c(b) != entry.crcs[i]]
 
 
 def restore(target: Target, manifest: Manifest, directory: str | os.PathLike, paths: list[str] | None = None,
@@ -242,19 +246,12 @@ class Pruned:
 def prune(target: Target, policy: retention.Policy, now: float | None = None, dry_run: bool = False,
           grace: float = GRACE) -> Pruned:
     now = time.time() if now is None else now
-    times: dict[int, float | None] = {}
-    manifests: dict[int, Manifest] = {}
-    for g in target.generations():
-        try:
-            manifests[g] = target.manifest(g)
-            times[g] = manifests[g].time_ns / 1e9
-        except BadManifest:
-            times[g] = None
+    manifests = dict(_manifests(target))
+    times = {g: None if isinstance(m, BadManifest) else m.time_ns / 1e9 for g, m in manifests.items()}
     drop = retention.forget(times, policy, now)
     kept = sorted(g for g in times if g not in drop)
-    named = set().union(*(manifests[g].objects() for g in kept if g in manifests)) if kept else set()
     listing = target.list_detailed(OBJECTS)
-    unnamed = [k for k in listing if k not in named]
+    unnamed = unreferenced(set(listing), [manifests[g] for g in kept if times[g] is not None])
     old = sorted(k for k in unnamed if now - listing[k][1] >= grace)
     if not dry_run:
         target.delete([manifest_name(g) for g in drop])
