@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Makes the base image the Dockerfile starts FROM (debian:bookworm-slim) from Debian's
-# package mirror with debootstrap, for machines that reach Debian's packages but no image
+# Makes the base image the Dockerfile starts FROM (debian:bookworm-slim) from the Debian
+# archive this machine's apt uses, with debootstrap, for machines that reach Debian's packages but no image
 # registry. Does nothing when an image with that name is already there (it is kept by
 # podman between runs). Needs root, podman and debootstrap (.ci/setup-containers.sh).
 #
 #   docker/local-base.sh [IMAGE]     (default docker.io/library/debian:bookworm-slim)
 set -euo pipefail
 IMAGE="${1:-docker.io/library/debian:bookworm-slim}"
-MIRROR="${CKPTFS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian archive this machine's apt is configured with (deb822 URIs: lines, or one-line deb
+# entries), the first whose path ends in /debian; CKPTFS_DEBIAN_MIRROR overrides it.
+apt_mirror() {
+  cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null \
+    | awk '/^[[:space:]]*URIs:/ {for (i = 2; i <= NF; i++) print $i}
+           /^[[:space:]]*deb[[:space:]]/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; break}}' \
+    | grep -E '/debian/?$' | head -1 || true
+}
+MIRROR="${CKPTFS_DEBIAN_MIRROR:-$(apt_mirror)}"
 if podman image exists "$IMAGE"; then
   exit 0
+fi
+if [ -z "$MIRROR" ]; then
+  echo "local-base: no Debian archive in this machine's apt sources: set CKPTFS_DEBIAN_MIRROR" >&2
+  exit 1
 fi
 rootfs="$(mktemp -d /var/tmp/ckptfs-rootfs.XXXXXX)"
 trap 'rm -rf "$rootfs"' EXIT

@@ -18,8 +18,7 @@ deps=(trio crc32c boto3 setuptools wheel)
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$out/wheels" "${deps[@]}"
 # pyfuse3's sdist ships the generated C file: no Cython needed, only a compiler and libfuse3.
-url=$(curl -fsSL https://pypi.org/simple/pyfuse3/ | grep -o 'https://[^"#]*pyfuse3-3\.[0-9.]*\.tar\.gz' | tail -1)
-curl -fsSL -o "$out/sdist/$(basename "$url")" "$url"
+"$pip" download -q --no-deps --no-binary :all: -d "$out/sdist" pyfuse3  # the index pip is configured with
 (cd "$out/libfuse" && apt-get download libfuse3-dev libfuse3-3 >/dev/null 2>&1 \
     && for d in *.deb; do dpkg-deb -x "$d" root && rm "$d"; done)
 du -sh "$out"
