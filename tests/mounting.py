@@ -128,6 +128,27 @@ class CkptMount:
         subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
         subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
 
+    def replicated(self, *paths, timeout: int = 120) -> None:
+        """`ckptfs wait --replicated` on `paths` (default: the whole mount); when it fails, an
+        AssertionError that says why: the CLI's words, the replication status, the daemon's last
+        log lines and the free disk space (a store short of space retries without end)."""
+        targets = [str(p) for p in paths] or [str(self.path)]
+        try:
+            res = ckptfs("wait", "--replicated", "--timeout", str(timeout), *targets, timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            res = None
+        if res is not None and res.returncode == 0:
+            return
+        try:
+            status = ckptfs("status", "--json", str(self.path), timeout=30).stdout[-3000:]
+        except subprocess.TimeoutExpired:
+            status = "(status did not answer in 30 s)"
+        disk = shutil.disk_usage(self.root)
+        said = "no answer" if res is None else f"exit {res.returncode}: {res.stdout[-1000:]}{res.stderr[-1000:]}"
+        raise AssertionError(f"not replicated within {timeout} s ({said})\nstatus: {status}\n"
+                             f"free disk: {disk.free >> 20} MiB of {disk.total >> 20} MiB\n"
+                             f"daemon log:\n{self.log_text()[-4000:]}")
+
     def log_text(self) -> str:
         try:
             return self.log.read_text()

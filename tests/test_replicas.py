@@ -54,8 +54,7 @@ def test_a_mount_started_while_the_store_is_down_comes_up_and_catches_up(tmp_pat
     finally:
         s3.start()
     try:
-        res = ckptfs("wait", "--replicated", str(m.path), timeout=120)
-        assert res.returncode == 0, res.stderr
+        m.replicated(timeout=120)
         rep = replication(m)
         assert rep["failing"] is None and rep["waiting_bytes"] == 0
         gens = json.loads(replicas("ls", url, "--s3-endpoint", s3.endpoint, "--json").stdout)
@@ -75,12 +74,12 @@ def test_history_brings_back_a_file_deleted_or_overwritten_on_the_node(tmp_path,
         good = {"w": torch.arange(300_000, dtype=torch.float32)}
         torch.save(good, m.path / "good.pt")
         (m.path / "notes.txt").write_bytes(b"run 1\n")
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
         first = replication(m)["generation"]
         torch.save({"w": torch.full((300_000,), float("nan"))}, m.path / "good.pt")  # the good one overwritten
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
         os.unlink(m.path / "good.pt")  # then deleted
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
         newest = replication(m)["generation"]
     finally:
         m.close()
@@ -153,7 +152,7 @@ def test_retention_over_a_simulated_day_keeps_what_the_policy_says(tmp_path, s3,
     def step(t: float) -> None:
         clock.write_text(repr(t))
         before = max(written, default=0)
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=60).returncode == 0
+        m.replicated(timeout=60)
         for g in range(before + 1, replication(m)["generation"] + 1):  # the daemon idles between steps
             written[g] = t
 
@@ -261,7 +260,7 @@ def test_a_training_loop_saving_every_step_through_a_store_outage_loses_nothing(
             if step == down.stop - 1:  # the outage shows while it lasts
                 poll(lambda: (replication(m)["failing"] or {}).get("cause") == "network", "the outage in status",
                      timeout=60)
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=180).returncode == 0
+        m.replicated(timeout=180)
         assert replication(m)["failing"] is None
         local = {p.name: p.read_bytes() for p in m.path.iterdir()}
     finally:
@@ -297,7 +296,7 @@ def test_an_upload_the_store_forgot_after_a_daemon_kill_is_sent_again(tmp_path, 
         uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
         assert len(uploads) == 1, uploads
         client.abort_multipart_upload(Bucket=bucket, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"])
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=180).returncode == 0
+        m.replicated(timeout=180)
         log = m.log_text()
         assert "replicate.resumed" in log and "replicate.upload_restarted" in log, log[-3000:]
         assert replication(m)["errors"].get("other", 0) >= 1
@@ -329,12 +328,12 @@ def test_a_file_of_2_gib_replicates_and_restores_bit_exact(tmp_path, s3, bucket)
                 f.write(block)
             f.write(b"tail")
             digest.update(b"tail")
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=900).returncode == 0
+        m.replicated(timeout=300)
     finally:
         m.close()
     verify(s3, url)
     out = tmp_path / "back"
-    res = replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint, timeout=900)
+    res = replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint, timeout=200)
     assert "restored 1 file(s)" in res.stdout, res.stdout
     back = hashlib.sha256()
     with open(out / "huge.bin", "rb") as f:
@@ -353,7 +352,7 @@ def test_server_side_encryption_and_storage_class_reach_every_object(tmp_path, s
     try:
         (m.path / "small.bin").write_bytes(small)
         (m.path / "big.bin").write_bytes(big)
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
     finally:
         m.close()
     client = s3.client()
@@ -377,7 +376,7 @@ def test_verify_finds_a_missing_object_a_short_one_and_damaged_bytes(tmp_path, s
     try:
         for name in ("a.bin", "b.bin", "c.bin"):
             (m.path / name).write_bytes(os.urandom(3 * MiB + 7))
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
     finally:
         m.close()
     verify(s3, url)

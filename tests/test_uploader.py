@@ -184,7 +184,7 @@ def test_sigkill_of_the_uploader_mid_upload_resumes_and_restores_bit_exact(tmp_p
     try:
         first = os.urandom(5 * MiB + 3)
         (m.path / "first.bin").write_bytes(first)
-        assert ckptfs("wait", "--replicated", str(m.path / "first.bin"), timeout=120).returncode == 0
+        m.replicated(m.path / "first.bin", timeout=120)
         pid = uploader_of(m)
         assert pid in children(m.pid)
         big = os.urandom(64 * MiB + 11)
@@ -194,8 +194,7 @@ def test_sigkill_of_the_uploader_mid_upload_resumes_and_restores_bit_exact(tmp_p
         poll(lambda: replication(m)["uploader"]["calls"] > 0, "a call in flight", timeout=60)
         os.kill(pid, signal.SIGKILL)
         poll(lambda: replication(m)["errors"].get("uploader", 0) >= 1, "the failure counted", timeout=60)
-        res = ckptfs("wait", "--replicated", str(m.path), timeout=180)
-        assert res.returncode == 0, res.stderr
+        m.replicated(timeout=180)
         rep = replication(m)
         assert rep["failing"] is None and rep["uploader"]["restarts"] >= 1 and rep["uploader"]["pid"] != pid
         assert "killed by SIGKILL" in rep["last_error"]["message"] and rep["last_error"]["cause"] == "uploader"
@@ -230,7 +229,7 @@ def test_sigkill_of_the_daemon_leaves_no_uploader_behind(tmp_path, s3, bucket):
         m.kill()  # mid-upload
         poll(lambda: not alive(pid), "the uploader to die with the daemon", timeout=30)
         m.mount()
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
     finally:
         m.close()
 
@@ -241,7 +240,7 @@ def test_the_priority_option_is_applied_to_every_thread_of_the_uploader_only(tmp
     m = replicating(tmp_path, s3, bucket, *more)
     try:
         (m.path / "a.bin").write_bytes(os.urandom(20 * MiB))  # parts in parallel: its threads exist
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
         pid = uploader_of(m)
         assert len(os.listdir(f"/proc/{pid}/task")) > 1 and sched(pid) == {want}  # SCHED_IDLE is policy 5
         assert sched(m.pid) == {(0, 0)}  # the daemon's own threads are unchanged
@@ -255,7 +254,7 @@ def test_unmount_ends_the_uploader_even_a_stopped_one(tmp_path, s3, bucket):
     m = replicating(tmp_path, s3, bucket)
     try:
         (m.path / "a.bin").write_bytes(os.urandom(3 * MiB))
-        assert ckptfs("wait", "--replicated", str(m.path), timeout=120).returncode == 0
+        m.replicated(timeout=120)
         pid = uploader_of(m)
         os.kill(pid, signal.SIGSTOP)  # it cannot even see the end of file of its socket
         res = m.umount(timeout=120)
