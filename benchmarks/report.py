@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, human_rate, read_results, stats, verdict
 
-CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles", "replicate", "budget"]
+CASES = ["save", "training", "restore", "scale", "samepath", "smallfiles", "replicate", "budget", "incremental"]
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
@@ -228,12 +228,29 @@ def budget_md(d: dict) -> str:
     return "\n\n".join(parts)
 
 
+def incremental_md(d: dict) -> str:
+    a, s = d["args"], d["summary"]
+    rows = [[kind, f"{s[kind]['size_gib']:.2f}", fs(s[kind]["device_fraction"]), fs(s[kind]["upload_fraction"]),
+             fs(s[kind]["repeat"]), fs(s[kind]["blocked"]), fs(s[kind]["durable"])]
+            for kind in ("finetune", "copy", "full")]
+    rows.append(["restore", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–"])
+    return (f"{a['layers']} Linear layers of 4096 x 4096, {a['trainable']} trained with Adam, a `torch.save` of "
+            f"model and optimizer every step under a new name (the first save of a round is not counted); then a "
+            f"copy of the newest inside the mount, one save with every layer trained, and a fresh pool restored "
+            f"from the store. Device and upload: bytes written or uploaded per save as a fraction of its size. "
+            f"Repeat: the fraction of its chunks whose bytes an earlier chunk already had (the most a dedupe of "
+            f"fixed chunks could skip). The daemon's CPU until a save is uploaded: "
+            f"{d['daemon_cpu_per_gib']:.2f} s per GiB saved.\n\n" +
+            table(["save", "GiB", "device", "upload", "repeat", "blocked (s)", "durable (s)"], rows))
+
+
 SECTIONS = {"save": ("1. Save", save_md), "training": ("2. Training overhead", training_md),
             "restore": ("3. Restore", restore_md), "scale": ("4. Scale", scale_md),
             "samepath": ("5. Every step to the same path", samepath_md),
             "smallfiles": ("6. Small files and metadata", smallfiles_md),
             "replicate": ("7. Replication to an object store", replicate_md),
-            "budget": ("8. The lock budget", budget_md)}
+            "budget": ("8. The lock budget", budget_md),
+            "incremental": ("9. Incremental saves", incremental_md)}
 
 
 # --- plots ------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The benchmark suite (`make bench`): every case, then tables, plots and docs/PERFORMANCE.md.
 
-Runs benchmarks/<case>.py for save, training, restore, scale, samepath, smallfiles, replicate and budget,
-each in its own process (its memory is returned before the next; a failing
-case does not stop the others), writing benchmarks/results/<case>.json.
+Runs benchmarks/<case>.py for save, training, restore, scale, samepath, smallfiles, replicate, budget
+and incremental, each in its own process (its memory is returned before the next; a failing case
+does not stop the others), writing benchmarks/results/<case>.json.
 Then report.py turns whatever results exist into
 benchmarks/results/summary.md, summary.json, <case>.png and
 docs/PERFORMANCE.md. Exits non-zero if any case failed.
@@ -35,6 +35,7 @@ QUICK = {
     "smallfiles": ["--repeats", "1", "--files", "50", "--n", "5"],
     "replicate": ["--repeats", "1", "--size", "256M", "--latency-size", "64M"],
     "budget": ["--repeats", "1", "--saves", "4"],
+    "incremental": ["--layers", "4", "--steps", "2"],
 }
 
 

@@ -1,0 +1,211 @@
+"""Incremental checkpoints: what each save costs the devices and the store, and how much of it repeats.
+
+One ckptfs pool replicates to a real S3 server (SeaweedFS `weed mini`,
+tests/s3server.py) for the whole run. Workloads, in this order:
+
+  finetune  a model of `--layers` fp32 4096 x 4096 Linear layers (20: 1.25 GiB of
+            parameters), all but the last `--trainable` frozen, Adam on the rest; every step
+            `torch.save({"model", "optim"})` under a new name (step<N>.pt): with 1 of 20
+            layers trained, about 14% of each file changes (the weights and two moments)
+  copy      `shutil.copy` of the newest checkpoint inside the mount (Lightning's save_last in
+            copy mode, or a user keeping "best.pt")
+  full      one save with every layer trained (Adam on all of them): everything changes
+  restore   the pool's devices are dropped; a fresh pool restores from the store
+            (`--restore-from`) and replicates back to it
+
+Per save: bytes written to the devices (the daemon's per-device counters, its journal included)
+and bytes uploaded (its replication counter), each as a fraction of the file's size; blocked
+time (`torch.save` or the copy), time to durable (until `ckptfs.wait_durable`) and the daemon's
+CPU seconds until the save is uploaded (per GiB saved: absorb, drain, replicate). And,
+read back from the mount, the fraction of the file's pool-sized chunks whose bytes repeat a chunk
+of an earlier save or an earlier chunk of the same file (BLAKE2b-256): what a dedupe of fixed
+chunks at the pool's chunk size could skip at most (`repeat`). The targets are the issue's; with
+no dedupe built, device and upload fractions are 1.0 by construction of the write path, and
+measured here so that the number that changes is the one this file prints.
+
+usage: python benchmarks/incremental.py [--layers 20] [--trainable 1] [--steps 3] [--repeats 1]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from common import (GiB, MiB, ROOT, SCRATCH, file_devices, finish, machine, mounted, now, proc_cpu_seconds,
+                    stats, target)
+
+sys.path.insert(0, str(ROOT / "tests"))
+from s3server import S3Server  # noqa: E402
+
+from ckptfs.ops.api import status, wait_durable, wait_replicated  # noqa: E402
+
+BUCKET = "bench"
+SIDE = 4096
+
+
+def counters(mp: Path) -> tuple[int, int]:
+    """(bytes written to all devices, bytes uploaded to the store) so far, by the daemon's count."""
+    st = status(mp, window=0.1)
+    return sum(d["bytes_written"] for d in st["pool"]["devices"]), st["replication"]["bytes_uploaded"]
+
+
+class Repeats:
+    """The digests of every chunk seen so far; `share(path)` is the fraction of the file's chunks
+    already seen (in earlier files, or earlier in the same file), then remembers them."""
+
+    def __init__(self, chunk: int):
+        self.chunk = chunk
+        self.seen: set[bytes] = set()
+
+    def share(self, path: Path) -> float:
+        n = hit = 0
+        with open(path, "rb") as f:
+            while block := f.read(self.chunk):
+                d = hashlib.blake2b(block, digest_size=32).digest()
+                n += 1
+                hit += d in self.seen
+                self.seen.add(d)
+        return hit / n if n else 0.0
+
+
+def model(layers: int, trainable: int):
+    import torch
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*(torch.nn.Linear(SIDE, SIDE, bias=False) for _ in range(layers)))
+    for p in list(net.parameters())[: layers - trainable]:
+        p.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=1e-4)
+    return net, opt
+
+
+def step(net, opt) -> None:
+    import torch
+    x = torch.randn(8, SIDE)
+    loss = net(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def measure(mp: Path, pid: int, name: str, act, repeats: Repeats) -> dict:
+    """One save: `act()` writes mp/name; the costs (the daemon's CPU until the file is replicated)
+    and the repeat share of the result (read back after)."""
+    dev0, up0 = counters(mp)
+    cpu0 = proc_cpu_seconds(pid)
+    t0 = time.perf_counter()
+    act()
+    blocked = time.perf_counter() - t0
+    wait_durable(mp / name)
+    durable = time.perf_counter() - t0
+    wait_replicated(mp / name)
+    cpu = proc_cpu_seconds(pid) - cpu0
+    dev1, up1 = counters(mp)
+    size = (mp / name).stat().st_size
+    return {"name": name, "size": size, "blocked": blocked, "durable": durable, "daemon_cpu": cpu,
+            "device_fraction": (dev1 - dev0) / size, "upload_fraction": (up1 - up0) / size,
+            "repeat": repeats.share(mp / name)}
+
+
+def run(args, srv: S3Server, rnd: int) -> dict:
+    import torch
+    scratch = args.scratch / f"round{rnd}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    url = f"s3://{BUCKET}/incremental-{rnd}"
+    extra = ("--replicate", url, "--s3-endpoint", srv.endpoint)
+    layer = SIDE * SIDE * 4
+    finetune = (args.layers + 2 * args.trainable) * layer
+    tree = (args.steps + 1) * finetune + 3 * args.layers * layer  # the saves, the copy, one full save
+    devices = file_devices(scratch / "devices", 2, tree // 2 + 2 * GiB)
+    mp = scratch / "mnt"
+    out: dict = {"finetune": [], "copy": [], "full": []}
+    with mounted(mp, devices, args.memory, extra=extra) as pid:
+        repeats = Repeats(status(mp)["pool"]["chunk_size"])
+        out["chunk"] = repeats.chunk
+        net, opt = model(args.layers, args.trainable)
+        for n in range(args.steps):
+            step(net, opt)
+            name = f"step{n:04d}.pt"
+            out["finetune"].append(measure(mp, pid, name, lambda: torch.save(
+                {"model": net.state_dict(), "optim": opt.state_dict()}, mp / name), repeats))
+        newest = f"step{args.steps - 1:04d}.pt"
+        out["copy"].append(measure(mp, pid, "last.pt", lambda: shutil.copy(mp / newest, mp / "last.pt"), repeats))
+        net, opt = model(args.layers, args.layers)
+        step(net, opt)
+        out["full"].append(measure(mp, pid, "full.pt", lambda: torch.save(
+            {"model": net.state_dict(), "optim": opt.state_dict()}, mp / "full.pt"), repeats))
+        tree = sum(p.stat().st_size for p in mp.iterdir() if p.is_file())
+        del net, opt
+    for d in devices:
+        d.unlink()
+    fresh = file_devices(scratch / "fresh", 2, tree // 2 + 2 * GiB)
+    with mounted(mp, fresh, args.memory, extra=("--restore-from", url, *extra)) as pid:
+        t0 = time.perf_counter()
+        wait_replicated(mp)
+        _, up = counters(mp)
+        out["restore"] = [{"name": "tree", "size": tree, "seconds": time.perf_counter() - t0,
+                           "upload_fraction": up / tree}]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=20)
+    ap.add_argument("--trainable", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3, help="fine-tuning saves (the first has nothing to repeat)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--memory", default="3G")
+    ap.add_argument("--scratch", type=Path, default=SCRATCH / "incremental")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    srv = S3Server(args.scratch / "s3")
+    shutil.rmtree(srv.root, ignore_errors=True)
+    srv.start()
+    os.environ.update(srv.env())  # the daemons' AWS chain
+    try:
+        srv.client().create_bucket(Bucket=BUCKET)
+        rounds = [run(args, srv, r) for r in range(args.repeats)]
+    finally:
+        srv.stop()
+    # a round's first fine-tuning save has no earlier save to repeat: it is reported, not counted
+    later = [s for r in rounds for s in r["finetune"][1:]]
+    data: dict = {"machine": machine(), "when": now(), "seconds": time.perf_counter() - t0, "args": vars(args) | {"scratch": str(args.scratch)},
+                  "rounds": rounds}
+    summary = {}
+    for kind, saves in (("finetune", later), ("copy", [s for r in rounds for s in r["copy"]]),
+                        ("full", [s for r in rounds for s in r["full"]])):
+        summary[kind] = {k: stats([s[k] for s in saves]) for k in
+                         ("device_fraction", "upload_fraction", "repeat", "blocked", "durable")}
+        summary[kind]["size_gib"] = saves[0]["size"] / GiB
+    summary["restore"] = {"upload_fraction": stats([r["restore"][0]["upload_fraction"] for r in rounds])}
+    data["summary"] = summary
+    gib = sum(s["size"] for r in rounds for k in ("finetune", "copy", "full") for s in r[k]) / GiB
+    data["daemon_cpu_per_gib"] = sum(s["daemon_cpu"] for r in rounds for k in ("finetune", "copy", "full")
+                                     for s in r[k]) / gib
+    for kind in ("finetune", "copy", "full"):
+        s = summary[kind]
+        print(f"{kind:9s} {s['size_gib']:.2f} GiB/save: device {s['device_fraction']['median']:.2f}, "
+              f"upload {s['upload_fraction']['median']:.2f}, repeat at {rounds[0]['chunk'] // MiB} MiB chunks "
+              f"{s['repeat']['median']:.2f}; blocked {s['blocked']['median']:.2f} s, "
+              f"durable {s['durable']['median']:.2f} s")
+    print(f"restore   upload {summary['restore']['upload_fraction']['median']:.2f} of the restored tree; "
+          f"daemon CPU {data['daemon_cpu_per_gib']:.2f} s per GiB saved, durable and uploaded")
+    note = "no dedupe yet: every chunk is written and uploaded"
+    data["targets"] = [
+        target("incremental finetune device bytes / save", summary["finetune"]["device_fraction"]["median"], 0.25,
+               note=note),
+        target("incremental finetune uploaded bytes / save", summary["finetune"]["upload_fraction"]["median"], 0.25,
+               note=note),
+        target("incremental copy device bytes / copy", summary["copy"]["device_fraction"]["median"], 0.05, note=note),
+        target("incremental restored pool uploads / tree", summary["restore"]["upload_fraction"]["median"], 0.01,
+               note=note),
+    ]
+    return finish("incremental", data)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
