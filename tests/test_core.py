@@ -595,6 +595,33 @@ def test_fs_fallocate_modes(fs):
     fs.release(fh)
 
 
+def test_fs_any_change_to_the_bytes_drops_the_attributes_that_described_them(fs):
+    """CONTENT_XATTR attributes (a restore's object) go with a write, a truncate, an fallocate or a
+    copy into the file; a chmod, a rename, a user attribute or a read keep them."""
+    from ckptfs.fs.core import FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH
+    from ckptfs.fs.namespace import CONTENT_XATTR
+    tag = CONTENT_XATTR + b"object"
+    fh, inode = create(fs, b"f")
+    fs.write(fh, 0, b"x" * (2 * CS))
+    other, _ = create(fs, b"g")
+    fs.write(other, 0, b"y" * 10)
+    changes = [lambda: fs.write(fh, 3, b"z"), lambda: fs.setattr(inode.ino, size=CS),
+               lambda: fs.fallocate(fh, 0, CS, PUNCH | KEEP), lambda: fs.copy_range(other, 0, fh, 5, 10),
+               lambda: fs.setattr(inode.ino, size=4 * CS)]
+    for change in changes:
+        fs.ns.setxattr(inode.ino, tag, b"objects/abc")
+        fs.setattr(inode.ino, mode=0o600)
+        fs.rename(ROOT_INO, b"f", ROOT_INO, b"f2")
+        fs.rename(ROOT_INO, b"f2", ROOT_INO, b"f")
+        fs.ns.setxattr(inode.ino, b"user.k", b"v")
+        fs.read(fh, 0, 10)
+        assert inode.xattrs[tag] == b"objects/abc"
+        change()
+        assert tag not in inode.xattrs and inode.xattrs[b"user.k"] == b"v"
+    for h in (fh, other):
+        fs.release(h)
+
+
 def test_fs_copy_range(fs):
     """copy_file_range: from any offset to any offset, clipped at the source's end (0 at it), a
     hole in the source written as zeros, the destination grown; two ranges of one file in one

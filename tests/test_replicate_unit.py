@@ -17,6 +17,7 @@ from ckptfs.format.records import Extent
 from ckptfs.fs.namespace import ROOT_INO
 from ckptfs.replicate.manifest import Entry, Manifest, parse_url, unreferenced
 from ckptfs.replicate.replicator import MAX_PARTS, part_size
+from ckptfs.replicate.plan import ORIGIN_XATTR
 from ckptfs.replicate.snapshot import piece_crcs, same_tree, take
 from ckptfs.store.allocator import Allocator
 from ckptfs.store.durable import DurableState
@@ -95,6 +96,22 @@ def test_content_key_changes_with_the_contents_and_only_then():
     content(s, 3, b"y" * 10000, 99, 20)
     m4, _ = take(s, pool="p", seq=4, chunk_size=CHUNK, time_ns=4, generation=9)
     assert same_tree(m3, m4)
+
+
+def test_a_restored_file_is_named_by_the_object_it_came_from_until_its_bytes_change():
+    s = tree()
+    content(s, 3, b"r" * 10000, 12, 0)
+    s.apply(("setxattr", 3, ORIGIN_XATTR, b"objects/" + b"a" * 40))  # what a whole restore journals
+    m1, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1)
+    e = {e.path: e for e in m1.entries}["d/f"]
+    assert e.object == "objects/" + "a" * 40 and ORIGIN_XATTR not in e.xattrs
+    assert e.crcs == piece_crcs(10000, CHUNK, dict(s.files[3]))  # the local bytes are the object's
+    assert versions[e.object].extents == dict(s.files[3])
+    s.apply(("removexattr", 3, ORIGIN_XATTR))  # a write drops it (core.py) before its contents commit
+    content(s, 3, b"w" * 10000, 13, 20)
+    m2, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
+    new = {e.path: e for e in m2.entries}["d/f"].object
+    assert new != e.object and new.startswith("objects/")
 
 
 @settings(max_examples=60, deadline=None)

@@ -47,7 +47,7 @@ from .arena import Arena
 from ..errors import NoSpace, fs_error
 from .creds import Caller
 from .filemap import ChunkOwner, FileData, MemoryOwner, NeedsFetch
-from .namespace import HIDDEN_XATTR, Inode, Namespace
+from .namespace import CONTENT_XATTR, HIDDEN_XATTR, Inode, Namespace
 
 FRSIZE = 4096
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -308,10 +308,7 @@ class Filesystem:
         if size < inode.size:
             inode.data.truncate(size)
         inode.size = size
-        inode.version += 1
-        now = self.clock()
-        inode.mtime_ns = inode.ctime_ns = now
-        self.durability.dirtied(inode)
+        self._contents_changed(inode)
         if not self._writers.get(inode.ino):
             self.durability.closed(inode)
 
@@ -422,9 +419,7 @@ class Filesystem:
                 break
         if off + n > inode.size:
             inode.size = off + n
-        inode.version += 1
-        inode.mtime_ns = inode.ctime_ns = self.clock()
-        self.durability.dirtied(inode)
+        self._contents_changed(inode)
         return n
 
     def fallocate(self, fh: int, off: int, length: int, mode: int) -> None:
@@ -459,8 +454,17 @@ class Filesystem:
                 inode.data.remote.check_change()
         if not mode & FALLOC_FL_KEEP_SIZE and end > inode.size:
             inode.size = end
+        self._contents_changed(inode)
+
+    def _contents_changed(self, inode: Inode) -> None:
+        """A write, truncate or fallocate changed `inode`'s bytes: a new version and times, and the
+        hidden attributes that described the old bytes (CONTENT_XATTR: a restore's object) go,
+        journaled before the new bytes' commit, so no crash keeps them with other bytes."""
         inode.version += 1
         inode.mtime_ns = inode.ctime_ns = self.clock()
+        if inode.xattrs:
+            for name in [k for k in inode.xattrs if k.startswith(CONTENT_XATTR)]:
+                self.ns.removexattr(inode.ino, name)
         self.durability.dirtied(inode)
 
     def copy_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int, length: int) -> int:

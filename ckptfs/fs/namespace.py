@@ -39,6 +39,9 @@ NAME_MAX = 255  # bytes in one name
 XATTR_NAME_MAX = 255  # bytes in an extended attribute's name (as the VFS: ERANGE beyond)
 XATTR_SIZE_MAX = 65536  # bytes in an extended attribute's value (E2BIG beyond)
 HIDDEN_XATTR = b"ckptfs."  # ckptfs's own journaled attributes: never shown to users (core.py)
+# hidden attributes that describe a file's contents as they are: a write, truncate or fallocate
+# drops them (core.py), journaled before the new contents' commit
+CONTENT_XATTR = HIDDEN_XATTR + b"content."
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 

@@ -10,7 +10,10 @@ that it can be tested without S3 or a mount:
   shown to users) that make a restore survive a crash:
   ``ckptfs.restore.source`` on the root (`Source`: URL, endpoint, manifest
   generation, and whether the tree is complete) and ``ckptfs.restore.object``
-  on each file still to fetch (`FileMarker`: its object and size);
+  on each file still to fetch (`FileMarker`: its object and size), and
+  once the file is whole ``ckptfs.content.object`` (the object's key; any
+  change to the file's bytes drops it, core.py): replication names that
+  object instead of uploading the same bytes again (snapshot.py);
 - `missing_chunks`: after a remount, which chunks of a file are not on the
   devices yet: a chunk is done when its durable extent has exactly the
   manifest's length and CRC-32C (the pool uses the manifest's chunk size, so
@@ -26,10 +29,12 @@ import json
 import stat
 from dataclasses import asdict, dataclass
 
+from ..fs.namespace import CONTENT_XATTR
 from .manifest import Entry, Manifest
 
 SOURCE_XATTR = b"ckptfs.restore.source"
 FILE_XATTR = b"ckptfs.restore.object"
+ORIGIN_XATTR = CONTENT_XATTR + b"object"  # a restored file, unchanged since: the object it came from
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,11 @@ from ..errors import FsError
 from ..fs.namespace import ROOT_INO
 from . import lineage, retention
 from .client import CONFLICT, DEVICE, GLOBAL, OTHER, NoSuchUpload, S3Error, transient
-from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, content_key,
-                       manifest_generation, manifest_name, unreferenced)
+from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, manifest_generation, manifest_name,
+                       unreferenced)
 from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
-from .snapshot import Version, restoring, same_tree, take
+from .snapshot import Version, restoring, same_tree, take, version_key
 from .source import read_part
 from .throttle import Throttle
 from .uploader_proc import Uploader, UploaderStats
@@ -246,7 +246,7 @@ class Replicator:
         inode = durable.ns.inodes.get(ino)
         if inode is None or not inode.is_reg:
             return None
-        return content_key(ino, inode.size, durable.files.get(ino, {})), inode.mtime_ns
+        return version_key(inode, durable.files.get(ino, {})), inode.mtime_ns
 
     def replicated(self, ino: int) -> bool:
         """Is the durable version of `ino`, with its mtime, in the standing manifest? (Folders: is it

@@ -456,7 +456,8 @@ class Restorer:
             store.closed(inode)  # progress survives a crash
 
     def _complete(self, job: FileJob) -> None:
-        """Every chunk is in: commit the contents, then (in journal order) drop the marker."""
+        """Every chunk is in: commit the contents, then (in journal order) drop the marker and
+        name the object the bytes came from (plan.ORIGIN_XATTR)."""
         job.active = False
         inode = job.inode
         if inode.data is not None and inode.data.remote is job:
@@ -466,6 +467,8 @@ class Restorer:
         self.store.closed(inode)
         if inode.nlink > 0 and plan.FILE_XATTR in inode.xattrs:
             self.fs.ns.removexattr(inode.ino, plan.FILE_XATTR)
+            if job.object:
+                self.fs.ns.setxattr(inode.ino, plan.ORIGIN_XATTR, job.object.encode())
 
     def _drop(self, job: FileJob) -> None:
         """The file is gone: stop restoring it (the unlink in the journal took its marker along)."""

@@ -7,6 +7,9 @@ would read, plus one `Version` per distinct file version it names: the
 object to upload (content key), its size and the extents that hold its
 bytes on the devices.
 
+A file a restore brought back and nobody changed since is named by the object
+it came from (`version_key`), so a restored pool uploads none of it again.
+
 Nothing here reads data. A version's content key and the CRC-32C of each
 `chunk_size` piece of its object (holes and the zeros after a short chunk
 included) come from the journal's own per-chunk lengths and CRCs: a piece
@@ -26,7 +29,7 @@ import crc32c
 from ..format.records import Extent
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
 from .manifest import Entry, Manifest, content_key
-from .plan import FILE_XATTR as RESTORE_MARK
+from .plan import FILE_XATTR as RESTORE_MARK, ORIGIN_XATTR
 
 
 def visible_xattrs(inode) -> dict[bytes, bytes]:
@@ -53,6 +56,14 @@ class Version:
     def units(self) -> list[tuple[int, int]]:
         """The device units holding its bytes (to pin while they are read)."""
         return [(e.dev, e.unit) for e in self.extents.values()]
+
+
+def version_key(inode, extents: dict[int, Extent]) -> str:
+    """The object that holds regular file `inode`'s durable contents (`extents`): the one a
+    restore fetched them from while they are unchanged (plan.ORIGIN_XATTR, in the durable
+    namespace only until a write's removal of it is), else their content key."""
+    origin = inode.xattrs.get(ORIGIN_XATTR)
+    return origin.decode() if origin else content_key(inode.ino, inode.size, extents)
 
 
 def piece_crcs(size: int, chunk_size: int, extents: dict[int, Extent]) -> list:
@@ -93,7 +104,7 @@ def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int,
                 v = by_ino.get(ino)
                 if v is None:
                     extents = dict(durable.files.get(ino, {}))
-                    key = content_key(ino, inode.size, extents)
+                    key = version_key(inode, extents)
                     v = versions.get(key) or Version(key, ino, inode.size, extents,
                                                      piece_crcs(inode.size, chunk_size, extents))
                     versions[key] = by_ino[ino] = v

@@ -94,6 +94,8 @@ def build(r, manifest: Manifest) -> None:
             if e.size:
                 ns.setxattr(inode.ino, plan.FILE_XATTR, plan.FileMarker(e.object, e.size).encode())
                 r.add_job(inode, e.object, e.size)
+            elif e.object:  # whole already: named by its object from the start (plan.ORIGIN_XATTR)
+                ns.setxattr(inode.ino, plan.ORIGIN_XATTR, e.object.encode())
             inode.size = e.size
             store.dirtied(inode)
             store.closed(inode)  # the file, at its size, with nothing fetched yet
