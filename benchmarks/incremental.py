@@ -1,7 +1,8 @@
-"""Incremental checkpoints: what each save costs the devices and the store, and how much of it repeats.
+"""Incremental checkpoints: what each save costs the devices and the store, dedupe off and on.
 
-One ckptfs pool replicates to a real S3 server (SeaweedFS `weed mini`,
-tests/s3server.py) for the whole run. Workloads, in this order:
+Each round runs the workloads twice, `--dedupe off` and `--dedupe on` (which first alternates
+by round), each on a fresh pool that replicates to a real S3 server (SeaweedFS `weed mini`, tests/s3server.py,
+one server for the whole run). Workloads, in this order:
 
   finetune  a model of `--layers` fp32 4096 x 4096 Linear layers (20: 1.25 GiB of
             parameters), all but the last `--trainable` frozen, Adam on the rest; every step
@@ -19,10 +20,10 @@ time (`torch.save` or the copy), time to durable (until `ckptfs.wait_durable`) a
 CPU seconds until the save is uploaded (per GiB saved: absorb, drain, replicate). And,
 read back from the mount, the fraction of the file's pool-sized chunks whose bytes repeat a chunk
 of an earlier save or an earlier chunk of the same file (BLAKE2b-256): what a dedupe of fixed
-chunks at the pool's chunk size could skip at most (`repeat`). The targets are the issue's; with
-no dedupe built, the saves' device and upload fractions are 1.0 by construction of the write path, and
-measured here so that the number that changes is the one this file prints. A restored pool names
-each file it brought back unchanged by the object it came from, so it uploads none of them again.
+chunks at the pool's chunk size could skip at most (`repeat`). Ratios on / off, round by round:
+blocked and durable time of the fine-tuning and the full-training saves. The targets are the
+issue's. The restore runs with dedupe on only: a restored pool names each file it brought back
+unchanged by the object it came from, so it uploads none of them again, either way.
 
 usage: python benchmarks/incremental.py [--layers 20] [--trainable 1] [--steps 3] [--repeats 1]
 """
@@ -36,8 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import (GiB, MiB, ROOT, SCRATCH, file_devices, finish, machine, mounted, now, proc_cpu_seconds,
-                    stats, target)
+from common import (GiB, MiB, ROOT, SCRATCH, file_devices, finish, machine, mounted, now, pairwise,
+                    proc_cpu_seconds, rotated, stats, target)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from s3server import S3Server  # noqa: E402
@@ -111,12 +112,13 @@ def measure(mp: Path, pid: int, name: str, act, repeats: Repeats) -> dict:
             "repeat": repeats.share(mp / name)}
 
 
-def run(args, srv: S3Server, rnd: int) -> dict:
+def run(args, srv: S3Server, rnd: int, dedupe: str) -> dict:
+    """One round with `--dedupe dedupe`; the restore only with dedupe on (it does not depend on it)."""
     import torch
     scratch = args.scratch / f"round{rnd}"
     shutil.rmtree(scratch, ignore_errors=True)
-    url = f"s3://{BUCKET}/incremental-{rnd}"
-    extra = ("--replicate", url, "--s3-endpoint", srv.endpoint)
+    url = f"s3://{BUCKET}/incremental-{rnd}-{dedupe}"
+    extra = ("--replicate", url, "--s3-endpoint", srv.endpoint, "--dedupe", dedupe)
     layer = SIDE * SIDE * 4
     finetune = (args.layers + 2 * args.trainable) * layer
     tree = (args.steps + 1) * finetune + 3 * args.layers * layer  # the saves, the copy, one full save
@@ -142,6 +144,9 @@ def run(args, srv: S3Server, rnd: int) -> dict:
         del net, opt
     for d in devices:
         d.unlink()
+    if dedupe == "off":
+        shutil.rmtree(scratch, ignore_errors=True)
+        return out
     fresh = file_devices(scratch / "fresh", 2, tree // 2 + 2 * GiB)
     with mounted(mp, fresh, args.memory, extra=("--restore-from", url, *extra)) as pid:
         t0 = time.perf_counter()
@@ -169,42 +174,50 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(srv.env())  # the daemons' AWS chain
     try:
         srv.client().create_bucket(Bucket=BUCKET)
-        rounds = [run(args, srv, r) for r in range(args.repeats)]
+        rounds = [{mode: run(args, srv, r, mode) for mode in rotated(["off", "on"], r)} for r in range(args.repeats)]
     finally:
         srv.stop()
-    # a round's first fine-tuning save has no earlier save to repeat: it is reported, not counted
-    later = [s for r in rounds for s in r["finetune"][1:]]
-    data: dict = {"machine": machine(), "when": now(), "seconds": time.perf_counter() - t0, "args": vars(args) | {"scratch": str(args.scratch)},
-                  "rounds": rounds}
-    summary = {}
-    for kind, saves in (("finetune", later), ("copy", [s for r in rounds for s in r["copy"]]),
-                        ("full", [s for r in rounds for s in r["full"]])):
-        summary[kind] = {k: stats([s[k] for s in saves]) for k in
-                         ("device_fraction", "upload_fraction", "repeat", "blocked", "durable")}
-        summary[kind]["size_gib"] = saves[0]["size"] / GiB
-    summary["restore"] = {"upload_fraction": stats([r["restore"][0]["upload_fraction"] for r in rounds])}
-    data["summary"] = summary
-    gib = sum(s["size"] for r in rounds for k in ("finetune", "copy", "full") for s in r[k]) / GiB
-    data["daemon_cpu_per_gib"] = sum(s["daemon_cpu"] for r in rounds for k in ("finetune", "copy", "full")
-                                     for s in r[k]) / gib
-    for kind in ("finetune", "copy", "full"):
-        s = summary[kind]
-        print(f"{kind:9s} {s['size_gib']:.2f} GiB/save: device {s['device_fraction']['median']:.2f}, "
-              f"upload {s['upload_fraction']['median']:.2f}, repeat at {rounds[0]['chunk'] // MiB} MiB chunks "
-              f"{s['repeat']['median']:.2f}; blocked {s['blocked']['median']:.2f} s, "
-              f"durable {s['durable']['median']:.2f} s")
-    print(f"restore   upload {summary['restore']['upload_fraction']['median']:.2f} of the restored tree; "
-          f"daemon CPU {data['daemon_cpu_per_gib']:.2f} s per GiB saved, durable and uploaded")
-    note = "no dedupe yet: every chunk is written and uploaded"
+    data: dict = {"machine": machine(), "when": now(), "seconds": time.perf_counter() - t0,
+                  "args": vars(args) | {"scratch": str(args.scratch)}, "rounds": rounds}
+    summary: dict = {}
+    for mode in ("off", "on"):
+        # a round's first fine-tuning save has no earlier save to repeat: it is reported, not counted
+        kinds = {kind: [s for r in rounds for s in r[mode][kind][1 if kind == "finetune" else 0:]]
+                 for kind in ("finetune", "copy", "full")}
+        summary[mode] = {}
+        for kind, saves in kinds.items():
+            summary[mode][kind] = {k: stats([s[k] for s in saves]) for k in
+                                   ("device_fraction", "upload_fraction", "repeat", "blocked", "durable")}
+            summary[mode][kind]["size_gib"] = saves[0]["size"] / GiB
+            gib = sum(s["size"] for s in saves) / GiB
+            summary[mode][kind]["daemon_cpu_per_gib"] = sum(s["daemon_cpu"] for s in saves) / gib
+            s = summary[mode][kind]
+            print(f"dedupe {mode:3s} {kind:9s} {s['size_gib']:.2f} GiB/save: device "
+                  f"{s['device_fraction']['median']:.2f}, upload {s['upload_fraction']['median']:.2f}, repeat at "
+                  f"{rounds[0][mode]['chunk'] // MiB} MiB chunks {s['repeat']['median']:.2f}; blocked "
+                  f"{s['blocked']['median']:.2f} s, durable {s['durable']['median']:.2f} s, daemon CPU "
+                  f"{s['daemon_cpu_per_gib']:.2f} s/GiB")
+    summary["restore"] = {"upload_fraction": stats([r["on"]["restore"][0]["upload_fraction"] for r in rounds])}
+    print(f"restore   upload {summary['restore']['upload_fraction']['median']:.2f} of the restored tree")
+    def each(mode: str, kind: str, k: str) -> list[float]:
+        return [s[k] for r in rounds for s in r[mode][kind][1 if kind == "finetune" else 0:]]
+    ratio = {f"{kind} {k} on/off": pairwise(each("on", kind, k), each("off", kind, k))
+             for kind in ("finetune", "full") for k in ("blocked", "durable")}
+    data["summary"], data["ratios"] = summary, ratio
+    on = summary["on"]
+    note = "the object store is not content-addressed yet: every changed file is uploaded whole"
     data["targets"] = [
-        target("incremental finetune device bytes / save", summary["finetune"]["device_fraction"]["median"], 0.25,
+        target("incremental finetune device bytes / save", on["finetune"]["device_fraction"]["median"], 0.25),
+        target("incremental finetune uploaded bytes / save", on["finetune"]["upload_fraction"]["median"], 0.25,
                note=note),
-        target("incremental finetune uploaded bytes / save", summary["finetune"]["upload_fraction"]["median"], 0.25,
-               note=note),
-        target("incremental copy device bytes / copy", summary["copy"]["device_fraction"]["median"], 0.05, note=note),
+        target("incremental finetune time to durable, on / off", ratio["finetune durable on/off"]["median"], 0.4),
+        target("incremental finetune blocked, on / off", ratio["finetune blocked on/off"]["median"], 1.05),
+        target("incremental full training blocked, on / off", ratio["full blocked on/off"]["median"], 1.05),
+        target("incremental full training durable, on / off", ratio["full durable on/off"]["median"], 1.05),
+        target("incremental copy device bytes / copy", on["copy"]["device_fraction"]["median"], 0.05),
         target("incremental restored pool uploads / tree", summary["restore"]["upload_fraction"]["median"], 0.01),
     ]
-    return finish("incremental", data)
+    return finish("incremental", data, ratio)
 
 
 if __name__ == "__main__":

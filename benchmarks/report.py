@@ -230,18 +230,21 @@ def budget_md(d: dict) -> str:
 
 def incremental_md(d: dict) -> str:
     a, s = d["args"], d["summary"]
-    rows = [[kind, f"{s[kind]['size_gib']:.2f}", fs(s[kind]["device_fraction"]), fs(s[kind]["upload_fraction"]),
-             fs(s[kind]["repeat"]), fs(s[kind]["blocked"]), fs(s[kind]["durable"])]
-            for kind in ("finetune", "copy", "full")]
-    rows.append(["restore", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–"])
+    rows = [[kind, mode, f"{s[mode][kind]['size_gib']:.2f}", fs(s[mode][kind]["device_fraction"]),
+             fs(s[mode][kind]["upload_fraction"]), fs(s[mode][kind]["repeat"]), fs(s[mode][kind]["blocked"]),
+             fs(s[mode][kind]["durable"]), f"{s[mode][kind]['daemon_cpu_per_gib']:.2f}"]
+            for kind in ("finetune", "copy", "full") for mode in ("off", "on")]
+    rows.append(["restore", "on", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–", "–"])
     return (f"{a['layers']} Linear layers of 4096 x 4096, {a['trainable']} trained with Adam, a `torch.save` of "
             f"model and optimizer every step under a new name (the first save of a round is not counted); then a "
             f"copy of the newest inside the mount, one save with every layer trained, and a fresh pool restored "
-            f"from the store. Device and upload: bytes written or uploaded per save as a fraction of its size. "
-            f"Repeat: the fraction of its chunks whose bytes an earlier chunk already had (the most a dedupe of "
-            f"fixed chunks could skip). The daemon's CPU until a save is uploaded: "
-            f"{d['daemon_cpu_per_gib']:.2f} s per GiB saved.\n\n" +
-            table(["save", "GiB", "device", "upload", "repeat", "blocked (s)", "durable (s)"], rows))
+            f"from the store; each with `--dedupe off` and `on`. Device and upload: bytes written or uploaded per "
+            f"save as a fraction of its size. Repeat: the fraction of its chunks whose bytes an earlier chunk "
+            f"already had (the most a dedupe of fixed chunks could skip). Daemon CPU: seconds per GiB saved "
+            f"until the save is uploaded.\n\n" +
+            table(["save", "dedupe", "GiB", "device", "upload", "repeat", "blocked (s)", "durable (s)",
+                   "daemon CPU s/GiB"], rows) + "\n\n" +
+            table(["ratio, round by round", "median (min–max)"], [[k, fs(v)] for k, v in d["ratios"].items()]))
 
 
 SECTIONS = {"save": ("1. Save", save_md), "training": ("2. Training overhead", training_md),

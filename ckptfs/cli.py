@@ -122,7 +122,7 @@ def _mount(args) -> int:
     restore = plan.restore
     cfg = MountConfig(mountpoint=plan.mountpoint, devices=paths, memory=plan.memory, chunk_size=plan.chunk,
                       ready_fd=args.ready_fd, format=False, queue_depth=args.queue_depth,
-                      fsync_absorb=args.fsync == "absorb", drain_policy=args.drain,
+                      fsync_absorb=args.fsync == "absorb", drain_policy=args.drain, dedupe=args.dedupe == "on",
                       max_lag=plan.max_lag, force_recover=args.force_recover, metrics_port=args.metrics_port,
                       metrics_addr=args.metrics_addr, engine=args.engine, threads=args.threads,
                       restore_from=restore.url if restore else None,
@@ -199,6 +199,7 @@ def _spawn_daemon(args, plan: MountPlan) -> int:
     cmd = [sys.executable, "-m", "ckptfs", "mount", plan.mountpoint, "--devices", args.devices,
            "--memory", args.memory, "--chunk-size", str(plan.chunk), "--foreground",
            "--log-level", args.log_level, "--queue-depth", str(args.queue_depth), "--drain", args.drain,
+           "--dedupe", args.dedupe,
            "--max-lag", args.max_lag, "--fsync", args.fsync, "--ready-fd", str(w),  # --format was done by _mount
            "--log-format", args.log_format, "--metrics-addr", args.metrics_addr, "--engine", args.engine]
     if args.threads is not None:
@@ -497,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="absorb-first (default): while writes stream in and memory is plentiful, hold "
                         "the drain so saves return fastest; eager: drain chunks as soon as they fill "
                         "(best when the devices, not the CPU, are the bottleneck)")
+    m.add_argument("--dedupe", choices=["on", "off"], default="off",
+                   help="on: a chunk whose bytes the devices hold already (written since the mount) "
+                        "is not written again, its file shares them; off (default): every chunk is written")
     m.add_argument("--max-lag", default=repr(DEFAULT_MAX_LAG), metavar="SECONDS",
                    help="longest a closed file's commit is deferred while saves stream in; it is then "
                         "durable once drained (default %(default)s)")

@@ -77,6 +77,7 @@ class MountConfig:
     queue_depth: int = 8
     fsync_absorb: bool = False
     drain_policy: str = "absorb-first"
+    dedupe: bool = False  # share the extents of chunks the devices hold already (store/dedupe.py)
     max_lag: float = DEFAULT_MAX_LAG
     force_recover: bool = False  # accept a journal older than its anchors promise (pool.recover)
     journal_half: int = DEFAULT_JOURNAL_HALF
@@ -181,7 +182,7 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
     arena = Arena(cfg.memory, pool.sbs[0].chunk_size)
     store = Store(arena, pool.devices, pool.sbs, rec.durable, half=rec.half, tail=rec.tail,
                   seq=rec.seq, queue_depth=cfg.queue_depth, fsync_absorb=cfg.fsync_absorb,
-                  drain_policy=cfg.drain_policy, max_lag=cfg.max_lag, anchor_gen=rec.anchor_gen,
+                  drain_policy=cfg.drain_policy, dedupe=cfg.dedupe, max_lag=cfg.max_lag, anchor_gen=rec.anchor_gen,
                   recovery=rec.report())
     ns = live_namespace(rec.records, rec.durable.alloc, store)
     fs = Filesystem(arena, capacity_bytes=store.capacity_bytes(), owner=store, durability=store, ns=ns)

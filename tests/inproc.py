@@ -44,11 +44,12 @@ def make_devices(n: int, size: int = 8 << 20) -> list[FaultyDevice]:
 class Driver:
     def __init__(self, devices: list[FaultyDevice], *, memory: int = 1 << 20, chunk_size: int = 64 << 10,
                  journal_half: int = 256 << 10, fmt: bool = False, queue_depth: int = 2,
-                 control: str | None = None, max_lag: float = DEFAULT_MAX_LAG, force_recover: bool = False):
+                 control: str | None = None, max_lag: float = DEFAULT_MAX_LAG, force_recover: bool = False,
+                 dedupe: bool = False):
         self.devices = devices
         cfg = MountConfig(mountpoint="", devices=[d.path for d in devices], memory=memory,
                           chunk_size=chunk_size, format=fmt, journal_half=journal_half,
-                          queue_depth=queue_depth, max_lag=max_lag, force_recover=force_recover)
+                          queue_depth=queue_depth, max_lag=max_lag, force_recover=force_recover, dedupe=dedupe)
         mount = assemble(cfg, devices)  # the daemon's own wiring
         self.fs, self.store, self.monitor = mount.fs, mount.store, mount.monitor
         self.ops = mount.operations()

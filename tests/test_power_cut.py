@@ -28,7 +28,8 @@ def save(p: PathOps, data: bytes, fsync: bool = False) -> None:
 
 def workload(p: PathOps, log: list):
     """Checkpoint saves in quick succession, an overwrite in place, deletes, fsyncs."""
-    v = [random.Random(i).randbytes(150_000 + 7 * i) for i in range(7)]
+    common = random.Random(99).randbytes(2 * CHUNK)  # the same first two chunks: --dedupe shares them
+    v = [common + random.Random(i).randbytes(150_000 - 2 * CHUNK + 7 * i) for i in range(7)]
     save(p, v[0])
     save(p, v[1])  # renamed over v0 while v0 may still be draining: v0's commit is voided
     save(p, v[2], fsync=True)
@@ -41,7 +42,7 @@ def workload(p: PathOps, log: list):
     return v
 
 
-def run(cut: int | None, keep_journal_only: bool):
+def run(cut: int | None, keep_journal_only: bool, dedupe: bool = False):
     devs = make_devices(2, 6 << 20)
     d0 = Driver(devs, fmt=True, journal_half=128 << 10, memory=512 << 10, queue_depth=1)
     d0.unmount()
@@ -50,18 +51,19 @@ def run(cut: int | None, keep_journal_only: bool):
         devs[0].power.cut_after(cut)
     for x in devs:
         x.write_delay = 0.002  # slow devices: records pile up, so voiding and groups happen
-    d = Driver(devs, journal_half=128 << 10, memory=512 << 10, queue_depth=1)
+    d = Driver(devs, journal_half=128 << 10, memory=512 << 10, queue_depth=1, dedupe=dedupe)
     p = PathOps(d)
     log = []
     versions = workload(p, log)
     if cut is None:
+        shared = d.store.dedupe.statistics().chunks_shared if dedupe else 0
         d.unmount()
-        return devs[0].power.writes, None, versions
+        return devs[0].power.writes, shared, versions
     d.kill()
     keep = (lambda off: off < JOURNAL_END) if keep_journal_only else None
     rng = random.Random(cut)
     crashed = crash_all(devs, rng, keep)
-    d2 = Driver(crashed, journal_half=128 << 10, memory=512 << 10)
+    d2 = Driver(crashed, journal_half=128 << 10, memory=512 << 10, dedupe=dedupe)
     tree = PathOps(d2).tree()
     d2.kill()
     return None, tree, versions
@@ -73,13 +75,15 @@ def check(tree, versions):
         assert data in allowed, f"{path} holds bytes that were never a committed version"
 
 
-@pytest.mark.parametrize("keep_journal_only", [True, False])
-def test_power_cut_after_every_write(keep_journal_only):
-    total, _, versions = run(None, keep_journal_only)
-    assert total > 10
+@pytest.mark.parametrize("keep_journal_only,dedupe", [(True, False), (False, False), (True, True)])
+def test_power_cut_after_every_write(keep_journal_only, dedupe):
+    """With --dedupe on, later saves share the first two chunks of the first: a cut anywhere keeps
+    every file one of its versions while extents are shared, voided, deleted and overwritten."""
+    total, shared, versions = run(None, keep_journal_only, dedupe)
+    assert total > 10 and (shared > 0) == dedupe
     step = max(1, total // 60)
     for cut in range(0, total, step):
-        _, tree, versions = run(cut, keep_journal_only)
+        _, tree, versions = run(cut, keep_journal_only, dedupe)
         check(tree, versions)
         ck = tree.get("/ckpt")
         if "/other" in tree:

@@ -77,10 +77,13 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       last_error {cause, message, time}, uploader {pid, priority, running,
                       calls (in flight), starts, restarts, last_exit (how the last process
                       ended), cpu_s (all its processes so far)}
+    dedupe            (only with --dedupe on; store/dedupe.py DedupeStats) indexed (extents),
+                      chunks_shared, bytes_shared (not written: the devices held the bytes)
 """
 from __future__ import annotations
 
 import errno as _errno
+from dataclasses import asdict
 import os
 
 from ..fs.namespace import ROOT_INO
@@ -214,4 +217,5 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
         "all_durable": st.all_durable,
         "last_error": st.last_error,
         **({"replication": replication} if replication is not None else {}),
+        **({"dedupe": asdict(store.dedupe.statistics())} if store.dedupe is not None else {}),
     }

@@ -65,6 +65,7 @@ class Allocator:
         self._partial: dict[tuple[int, int], set[int]] = {}  # (dev, piece size) -> split units with a free piece
         self._free_pieces: dict[int, int] = {}  # piece size -> free pieces of split units, all devices
         self._free_total = sum(self.units)  # free_units() of all devices (the reservation asks per write)
+        self.on_free = None  # called with (dev, address) when an extent's last reference goes (dedupe.py)
 
     @property
     def ndev(self) -> int:
@@ -206,6 +207,8 @@ class Allocator:
             self._refs[key] = n
             return
         del self._refs[key]
+        if self.on_free is not None:
+            self.on_free(dev, addr)
         unit, off = divmod(addr, self.per_unit)
         sp = self._split.get((dev, unit))
         if sp is None:

@@ -48,6 +48,7 @@ from ..fs.arena import Arena
 from ..fs.filemap import Chunk
 from ..tasks import LoopLock, gather
 from .allocator import Allocator
+from .dedupe import ContentIndex, digest
 from .device import BlockDevice, round_up
 
 log = logging.getLogger("ckptfs.drain")
@@ -82,6 +83,7 @@ class DrainHost(Protocol):
     limiters: list[trio.CapacityLimiter]
     stats: list  # DeviceStats per device
     chunk_size: int
+    dedupe: ContentIndex | None  # --dedupe on: the extents whose bytes a chunk may share (dedupe.py)
 
     def pressing(self) -> bool: ...  # something needs the drain now (memory, a waiter, max_lag)
     def alloc_slot(self) -> int: ...
@@ -332,10 +334,11 @@ class Drainer:
             results = await trio.to_thread.run_sync(
                 _checksum_and_write_runs, h.devices[dev],
                 [(views, [p.hwm for p in run], h.sbs[dev].unit_offset(run[0].unit)) for run, views in jobs],
-                limiter=h.limiters[dev])
+                h.chunk_size, h.dedupe, limiter=h.limiters[dev])
         finally:
             stats.write_ended()
         failed: list[tuple] = []
+        lost: list[Chunk] = []
         for (run, _), result in zip(jobs, results):
             if isinstance(result, DeviceError):
                 stats.failed()
@@ -344,14 +347,28 @@ class Drainer:
                     p.chunk.write_lost()  # it needs device space again
                 failed.append((run, result))
                 continue
-            crcs, seconds = result
-            stats.wrote(sum(round_up(p.hwm) for p in run), seconds, sharing)
-            for p, crc in zip(run, crcs):
+            crcs, digests, found, seconds = result
+            stats.wrote(sum(round_up(p.hwm) for p, hit in zip(run, found) if hit is None), seconds, sharing)
+            for i, p in enumerate(run):
                 chunk = p.chunk
                 if chunk.gen != p.gen or not chunk.wanted or chunk.extent is not None:
                     h.alloc.release(p.dev, p.unit)  # changed or dropped while in flight: this copy is stale
                     continue  # (a change queued it again if it is to drain: see queue)
-                h.drained(chunk, Extent(p.dev, p.unit, p.hwm, crc))
+                hit = found[i]
+                if hit is not None:
+                    h.alloc.release(p.dev, p.unit)
+                    if h.dedupe.adopt(hit, digests[i], p.hwm, crcs[i]):
+                        h.drained(chunk, hit)  # the bytes are there already: share them
+                    else:
+                        chunk.write_lost()  # that extent went meanwhile: write this chunk after all
+                        lost.append(chunk)
+                    continue
+                ext = Extent(p.dev, p.unit, p.hwm, crcs[i])
+                if digests:
+                    h.dedupe.add(digests[i], ext)
+                h.drained(chunk, ext)
+        for chunk in lost:
+            self.queue(chunk)
         if len(failed) < len(jobs):
             h.wrote(dev)
             h.wake()
@@ -537,25 +554,42 @@ def _zero_tail(view: memoryview, hwm: int) -> None:
         view[hwm:length] = bytes(length - hwm)
 
 
-def _checksum_and_write_runs(device: BlockDevice, runs: list[tuple[list[memoryview], list[int], int]]) -> list:
+def _checksum_and_write_runs(device: BlockDevice, runs: list[tuple[list[memoryview], list[int], int]],
+                             chunk_size: int, index: ContentIndex | None = None) -> list:
     """In a worker thread: for each run (views, valid lengths, device offset), checksum each
     chunk's valid bytes and write them (zero-padded to 4 KiB already) with one pwritev at the
-    offset. Per run: (crcs, seconds the write took), or the DeviceError it raised (the other
-    runs are still written).
+    offset. With an `index` (--dedupe on), each chunk's digest too, and a chunk the index may
+    hold already is left out of the writes (the run's other chunks keep their offsets). Per run:
+    (crcs, digests, extents found or None, seconds the writes took), or the DeviceError one raised
+    (the other runs are still written).
 
     If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
     """
     out: list = []
     for views, hwms, offset in runs:
-        bufs, crcs = [], []
-        for view, hwm in zip(views, hwms):
+        crcs, digests, found, segments = [], [], [], []
+        current: list | None = None
+        for i, (view, hwm) in enumerate(zip(views, hwms)):
             crcs.append(crc32c.crc32c(view[:hwm]))
-            bufs.append(view[:round_up(hwm)])
+            hit = None
+            if index is not None:
+                d = digest(view[:hwm])
+                digests.append(d)
+                hit = index.find(d, hwm)
+            found.append(hit)
+            if hit is not None:
+                current = None
+                continue
+            if current is None:
+                current = []
+                segments.append((offset + i * chunk_size, current))
+            current.append(view[:round_up(hwm)])
         t0 = time.monotonic()
         try:
-            device.pwritev(bufs, offset)
+            for at, bufs in segments:
+                device.pwritev(bufs, at)
         except DeviceError as e:
             out.append(e)
             continue
-        out.append((crcs, time.monotonic() - t0))
+        out.append((crcs, digests, found, time.monotonic() - t0))
     return out

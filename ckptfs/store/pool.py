@@ -27,6 +27,7 @@ from .device import ALIGN, BlockDevice, aligned_buffer, round_up
 from .durable import DurableState
 from ..errors import UsageError
 from ..fs.filemap import Chunk, FileData
+from ..format.records import Extent
 from ..format.journal import HalfReplay, JournalCorrupt, encode_frame, replay_half
 from ..format.layout import (ANCHOR_SLOTS, ANCHORED_VERSION, DEFAULT_JOURNAL_HALF, SB_SIZE, Anchor, FormatError,
                      Superblock, foreign_signature, make_superblocks, min_device_size)
@@ -318,13 +319,17 @@ def fsck(paths: list) -> list[str]:
         problems.extend(rec.warnings)
         if rec.rollback:
             problems.append(rec.rollback)
-        seen: dict[tuple[int, int], tuple[int, int]] = {}
+        seen: dict[tuple[int, int], tuple[int, int, Extent]] = {}
         for ino, idx, ext in rec.durable.extents():
             where = f"inode {ino} chunk {idx} on {pool.devices[ext.dev].path} address {ext.unit}"
             key = (ext.dev, ext.unit)
-            if key in seen and seen[key] != (ino, idx):
-                problems.append(f"{where}: unit also used by inode {seen[key][0]} chunk {seen[key][1]}")
-            seen[key] = (ino, idx)
+            if key in seen:  # shared (--dedupe): fine when both name the same bytes, checked once
+                other_ino, other_idx, other = seen[key]
+                if (other.length, other.crc) != (ext.length, ext.crc):
+                    problems.append(f"{where}: unit also used by inode {other_ino} chunk {other_idx} "
+                                    f"with other contents")
+                continue
+            seen[key] = (ino, idx, ext)
             try:
                 data = pool.devices[ext.dev].pread(round_up(ext.length), pool.sbs[ext.dev].unit_offset(ext.unit))
             except Exception as e:  # noqa: BLE001 - every problem is reported

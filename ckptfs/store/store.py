@@ -53,6 +53,7 @@ from ..fs.filemap import Chunk
 from ..fs.namespace import Inode, Namespace
 from .committer import Committer
 from .device import BlockDevice
+from .dedupe import ContentIndex
 from .drain import Drainer
 from .durable import DurableState
 from .ordering import CommitLog, Pending
@@ -198,7 +199,7 @@ class Store:
 
     def __init__(self, arena: Arena, devices: list[BlockDevice], sbs: list[Superblock],
                  durable: DurableState, *, half: int, tail: int, seq: int, queue_depth: int = 8,
-                 fsync_absorb: bool = False, drain_policy: str = "absorb-first",
+                 fsync_absorb: bool = False, drain_policy: str = "absorb-first", dedupe: bool = False,
                  max_lag: float = DEFAULT_MAX_LAG, anchor_gen: int = 0, recovery: dict | None = None):
         self.arena = arena
         self.chunk_size = arena.chunk_size
@@ -214,6 +215,7 @@ class Store:
         self.limiters = [trio.CapacityLimiter(queue_depth) for _ in devices]
         self.stats = [DeviceStats() for _ in devices]
         self.log = CommitLog(max_lag=max_lag, alive=self._alive)
+        self.dedupe = ContentIndex(self.alloc) if dedupe else None
         self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
         self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
         self.reservation = Reservation(self.alloc, self.undrained, self._undrained_chunks)

@@ -1,0 +1,187 @@
+"""Device dedupe (`--dedupe on`, store/dedupe.py): a chunk the devices hold already is not written
+again; its file shares the extent.
+
+Pure parts first (the index, the drain's writes with a recording device), then real mounts: a
+copy writes nothing and outlives its original across a remount and a kill -9, fsck is clean and
+space comes back when the last file goes; a file changed after a copy leaves the copy as it was;
+fine-tuning saves with torch write only what changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from ckptfs.format.records import Extent
+from ckptfs.store.allocator import Allocator
+from ckptfs.store.dedupe import ContentIndex, digest
+from ckptfs.store.drain import _checksum_and_write_runs
+from mounting import CkptMount, ckptfs
+
+MiB = 1 << 20
+
+
+# ---- pure -----------------------------------------------------------------------------------
+
+def test_the_index_forgets_an_extent_when_its_last_reference_goes_and_adopt_then_refuses():
+    alloc = Allocator([8, 8])
+    index = ContentIndex(alloc, capacity=2)
+    dev, unit = alloc.alloc(0, MiB)
+    ext = Extent(dev, unit, 100, 7)
+    d = digest(b"x" * 100)
+    index.add(d, ext)
+    assert index.find(d, 100) == ext and index.find(d, 99) is None
+    assert index.adopt(ext, d, 100, 7) and alloc.refs(dev, unit) == 2
+    assert not index.adopt(ext, d, 100, 8)  # another CRC: other bytes
+    alloc.release(dev, unit)
+    assert index.find(d, 100) == ext  # still referenced once
+    alloc.release(dev, unit)
+    assert index.find(d, 100) is None and not index.adopt(ext, d, 100, 7)
+    assert alloc.refs(dev, unit) == 0
+    for i in range(3):  # the newest `capacity` stay
+        u = alloc.alloc(1, MiB)
+        index.add(digest(bytes([i])), Extent(*u, 1, i))
+    assert index.find(digest(b"\0"), 1) is None and index.find(digest(b"\2"), 1) is not None
+    assert index.statistics().chunks_shared == 1
+
+
+class Recording:
+    """A device that keeps what was written where."""
+
+    def __init__(self):
+        self.writes: list[tuple[int, bytes]] = []
+
+    def pwritev(self, bufs, offset: int) -> None:
+        self.writes.append((offset, b"".join(bytes(b) for b in bufs)))
+
+
+def test_the_drain_leaves_out_the_chunks_the_index_holds_and_keeps_the_others_offsets():
+    cs = 8192
+    chunks = [random.Random(i).randbytes(cs) for i in range(4)]
+    index = ContentIndex(Allocator([8]))
+    known = Extent(0, 5, cs, 1)
+    index.add(digest(chunks[1]), known)
+    dev = Recording()
+    [(crcs, digests, found, _)] = _checksum_and_write_runs(
+        dev, [([memoryview(c) for c in chunks], [cs] * 4, 1000)], cs, index)
+    assert found == [None, known, None, None] and digests[2] == digest(chunks[2]) and len(crcs) == 4
+    assert dev.writes == [(1000, chunks[0]), (1000 + 2 * cs, chunks[2] + chunks[3])]
+    dev = Recording()
+    [(_, digests, found, _)] = _checksum_and_write_runs(dev, [([memoryview(c) for c in chunks], [cs] * 4, 0)], cs)
+    assert digests == [] and found == [None] * 4 and dev.writes == [(0, b"".join(chunks))]
+
+
+# ---- real mounts ----------------------------------------------------------------------------
+
+def status(m: CkptMount) -> dict:
+    return json.loads(ckptfs("status", "--json", str(m.path), check=True).stdout)
+
+
+def written(m: CkptMount) -> int:
+    return sum(d["bytes_written"] for d in status(m)["pool"]["devices"])
+
+
+def durable(m: CkptMount) -> None:
+    assert ckptfs("wait", str(m.path), timeout=120).returncode == 0
+
+
+@pytest.mark.mount
+def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
+    """A second file of the same bytes (odd size: a short last chunk, a piece) writes nothing and
+    shares every extent; deleting the original, a remount and a kill -9 leave the copy whole; fsck
+    is clean; the space comes back when the copy goes too."""
+    m = CkptMount(tmp_path, extra=("--dedupe", "on"))
+    m.mount()
+    data = os.urandom(6 * MiB + 12345)
+    try:
+        (m.path / "step1.pt").write_bytes(data)
+        durable(m)
+        before, used = written(m), status(m)["pool"]["used"]
+        (m.path / "last.pt").write_bytes(data)
+        durable(m)
+        st = status(m)
+        assert written(m) == before and st["pool"]["used"] == used
+        assert st["dedupe"]["chunks_shared"] == 7 and st["dedupe"]["bytes_shared"] == len(data)
+        os.unlink(m.path / "step1.pt")
+        durable(m)
+        m.kill()
+        m.mount()
+        assert (m.path / "last.pt").read_bytes() == data and status(m)["pool"]["used"] == used
+        m.umount()
+        fsck = ckptfs("fsck", "--devices", m.device_arg)
+        assert fsck.returncode == 0 and "clean" in fsck.stdout, fsck.stdout + fsck.stderr
+        m.mount()
+        assert (m.path / "last.pt").read_bytes() == data
+        os.unlink(m.path / "last.pt")
+        durable(m)
+        assert status(m)["pool"]["used"] == 0
+    finally:
+        m.close()
+
+
+@pytest.mark.mount
+def test_a_file_changed_after_a_copy_leaves_the_copy_as_it_was(tmp_path):
+    """Shared extents are never written in place: rewriting a chunk of one file, truncating it or
+    writing the same bytes a third time leaves every other file's bytes as they were, across a
+    kill -9; the store then says so."""
+    m = CkptMount(tmp_path, extra=("--dedupe", "on"))
+    m.mount()
+    data = os.urandom(4 * MiB)
+    try:
+        for name in ("a", "b", "c"):
+            (m.path / name).write_bytes(data)
+        durable(m)
+        with open(m.path / "a", "r+b") as f:
+            f.seek(MiB + 10)
+            f.write(b"new bytes")
+        os.truncate(m.path / "b", MiB + 1)
+        durable(m)
+        m.kill()
+        m.mount()
+        changed = bytearray(data)
+        changed[MiB + 10:MiB + 19] = b"new bytes"
+        assert (m.path / "a").read_bytes() == bytes(changed)
+        assert (m.path / "b").read_bytes() == data[:MiB + 1]
+        assert (m.path / "c").read_bytes() == data
+    finally:
+        m.close()
+    fsck = ckptfs("fsck", "--devices", m.device_arg)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+@pytest.mark.mount
+def test_fine_tuning_saves_write_only_the_chunks_no_earlier_save_had(tmp_path):
+    """torch.save of a model with frozen layers every step under a new name: each save writes to
+    the devices exactly its chunks whose bytes no earlier save had (read back and compared here:
+    the trained layer, its Adam moments, and the chunk holding each record's zip header, which
+    carries the save's time), and loads back equal to what was saved."""
+    torch = pytest.importorskip("torch")
+    m = CkptMount(tmp_path, extra=("--dedupe", "on"), memory="1G", dev_size=2 << 30)
+    m.mount()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024, bias=False) for _ in range(8)))
+    for p in list(net.parameters())[:-1]:
+        p.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=1e-3)
+    seen: set[bytes] = set()
+    try:
+        for step in range(3):
+            net(torch.randn(4, 1024)).square().mean().backward()
+            opt.step()
+            before = written(m)
+            state = {"model": net.state_dict(), "optim": opt.state_dict()}
+            torch.save(state, m.path / f"step{step}.pt")
+            durable(m)
+            data = (m.path / f"step{step}.pt").read_bytes()
+            chunks = [data[i:i + MiB] for i in range(0, len(data), MiB)]
+            new = [c for c in chunks if c not in seen]
+            assert written(m) - before == sum(-(-len(c) // 4096) * 4096 for c in new)
+            if step:
+                assert len(new) < 0.6 * len(chunks)  # 3 of 10 tensors changed, and 10 headers
+            seen.update(chunks)
+            back = torch.load(m.path / f"step{step}.pt", weights_only=True)
+            assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
+    finally:
+        m.close()
