@@ -35,7 +35,7 @@ PY="${PYTHON:-python3}"
   echo "ckptfs setup: Python 3.11+ is required ($("$PY" --version))" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c, prometheus_client, rich' || { echo "ckptfs setup: install failed" >&2; exit 1; }
+"$VENV/bin/python" -c 'import pyfuse3, trio, torch, crc32c, blake3, prometheus_client, rich' || { echo "ckptfs setup: install failed" >&2; exit 1; }
 if [ "$BENCH" = 1 ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test,bench]" 2>&1 | grep -v "^WARNING: Location" || true
   if ! "$VENV/bin/python" -c 'import deepspeed' >/dev/null 2>&1; then
