@@ -206,8 +206,12 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
             st = REPLICATED
         return st.encode()
 
+    def shared(ino: int) -> bytes | None:
+        inode = fs.ns.inodes.get(ino)
+        return str(store.durable.shared(ino)).encode() if inode is not None and inode.is_reg else None
+
     xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
-              b"user.ckptfs.state": state, **(extra_xattrs or {})}
+              b"user.ckptfs.state": state, b"user.ckptfs.shared": shared, **(extra_xattrs or {})}
     try:
         restorer = _restorer(cfg, fs, store)
         if replicator is not None:

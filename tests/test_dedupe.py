@@ -47,6 +47,27 @@ def test_the_index_forgets_an_extent_when_its_last_reference_goes_and_adopt_then
     assert index.statistics().chunks_shared == 1
 
 
+def test_the_durable_state_counts_every_naming_and_says_what_each_file_shares():
+    """Two files naming one extent: two references, its length counted once as shared and in each
+    file's `shared`; deleting one leaves the other's extent referenced, and nothing shared."""
+    import stat as st
+    from ckptfs.fs.namespace import ROOT_INO
+    from ckptfs.store.durable import DurableState
+    s = DurableState(Allocator([8, 8]))
+    s.apply(("begin", 1, ROOT_INO + 1))
+    s.apply(("attrs", ROOT_INO, st.S_IFDIR | 0o755, 0, 0, 0, 0, 0))
+    s.apply(("snapend",))
+    both, own = Extent(0, 3, 4096, 11), Extent(1, 2, 100, 12)
+    for ino, name, exts in ((2, b"a", [(0, both)]), (3, b"b", [(0, both), (1, own)])):
+        s.apply(("make", ROOT_INO, name, st.S_IFREG | 0o644, 0, 0, 0, b"", ino, 1))
+        s.apply(("content", ino, 5000, 1, 1, exts))
+    assert s.alloc.refs(0, 3) == 2 and s.shared_bytes == 4096 and (s.shared(2), s.shared(3)) == (4096, 4096)
+    s.apply(("unlink", ROOT_INO, b"a", 2))
+    assert s.alloc.refs(0, 3) == 1 and s.shared_bytes == 0 and s.shared(3) == 0
+    s.apply(("content", 3, 100, 2, 2, [(1, own)]))
+    assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and s.names == {(1, 2): 1}
+
+
 class Recording:
     """A device that keeps what was written where."""
 
@@ -104,8 +125,13 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
         st = status(m)
         assert written(m) == before and st["pool"]["used"] == used
         assert st["dedupe"]["chunks_shared"] == 7 and st["dedupe"]["bytes_shared"] == len(data)
+        assert st["dedupe"]["shared_bytes"] == len(data)
+        assert os.getxattr(m.path / "last.pt", "user.ckptfs.shared") == str(len(data)).encode()
+        assert "shared on the devices" in ckptfs("status", str(m.path)).stdout
         os.unlink(m.path / "step1.pt")
         durable(m)
+        assert os.getxattr(m.path / "last.pt", "user.ckptfs.shared") == b"0"
+        assert status(m)["dedupe"]["shared_bytes"] == 0
         m.kill()
         m.mount()
         assert (m.path / "last.pt").read_bytes() == data and status(m)["pool"]["used"] == used

@@ -27,6 +27,7 @@ FlakyStrategyDefinition, which hides the original error.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -41,7 +42,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from ext4 import ext4_tmpdir
-from mounting import CkptMount
+from mounting import CkptMount, ckptfs
 from nobody import as_user
 from syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, copy_range, fallocate, renameat2
 
@@ -110,14 +111,22 @@ def holes_read_as_zeros(fd: int) -> None:
         assert data < pos <= size
 
 
-@pytest.fixture(scope="module", params=["256M", "1M"], ids=["roomy", "tight-memory"])
+@pytest.fixture(scope="module", params=[("256M", "off"), ("1M", "off"), ("1M", "on")],
+                ids=["roomy", "tight-memory", "tight-dedupe"])
 def mnt(request, tmp_path_factory):
-    """Two mounts: plenty of memory, and 16 chunks only (writes wait for the drain,
-    reads fetch evicted chunks back from the devices)."""
-    m = CkptMount(tmp_path_factory.mktemp("model"), memory=request.param, extra=("--chunk-size", str(CHUNK)))
+    """Three mounts: plenty of memory; 16 chunks only (writes wait for the drain, reads fetch
+    evicted chunks back from the devices); and the same with --dedupe on (the payloads' runs of
+    one byte make identical chunks: files share extents, which are overwritten, truncated and
+    deleted under each other and read back after eviction)."""
+    memory, dedupe = request.param
+    m = CkptMount(tmp_path_factory.mktemp("model"), memory=memory,
+                  extra=("--chunk-size", str(CHUNK), "--dedupe", dedupe))
     m.mount()
     try:
         yield m
+        if dedupe == "on":  # the runs shared extents, or this mount tested nothing more
+            st = json.loads(ckptfs("status", "--json", str(m.path), check=True).stdout)
+            assert st["dedupe"]["chunks_shared"] > 0, st["dedupe"]
     finally:
         m.close()
 

@@ -110,6 +110,12 @@ def render(st: dict, limit: int = 20):
     parts.append(Text(f"Memory: {human_bytes(mem['arena'])} arena; {human_bytes(mem['undrained'])} not yet on "
                       f"the devices, {human_bytes(mem['cached'])} cached{lent}, {human_bytes(mem['free'])} free"))
 
+    if st.get("dedupe"):
+        d = st["dedupe"]
+        since = (f"; since the mount {d['chunks_shared']} chunk(s), {human_bytes(d['bytes_shared'])} not written"
+                 if d["on"] else "; --dedupe is off")
+        parts.append(Text(f"Dedupe: {human_bytes(d['shared_bytes'])} shared on the devices{since}"))
+
     if st.get("restore"):
         parts.append(restore_line(st["restore"]))
 

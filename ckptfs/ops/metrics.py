@@ -24,6 +24,8 @@ Metrics (all prefixed ``ckptfs_``):
     files{state}                files by state: memory, draining, failed, durable
     records_pending             journal records waiting to be committed
     records_voided_total        commits dropped because they were superseded
+    dedupe_bytes_total          bytes not written: the devices held them already (--dedupe on)
+    shared_bytes                durable bytes naming an extent another chunk names (saved space)
     eta_seconds                 estimated time until everything is durable (NaN: unknown)
     durability_lag_seconds      how long the oldest record not yet in the journal has waited
                                 (stays under max_lag + drain time while the devices keep up)
@@ -93,6 +95,8 @@ def read_metrics(store, monitor, window: float = 2.0, sections: dict | None = No
         "eta": 0.0 if to_drain == 0 else (to_drain / rates.drain_bps if rates.drain_bps > 0 else math.nan),
         "restore": plain(sections["restore"]()) if sections and "restore" in sections else None,
         "replication": plain(replicator.statistics()) if replicator is not None else None,
+        "shared_bytes": store.durable.shared_bytes,
+        "dedupe_bytes": store.dedupe.bytes_shared if store.dedupe is not None else 0,
     }
 
 
@@ -145,6 +149,10 @@ class StoreCollector:
                     m["backpressure_seconds"]),
             counter("records_voided", "Journal commits dropped because they were superseded.",
                     m["records_voided"]),
+            counter("dedupe_bytes", "Bytes not written because the devices held them already (--dedupe on).",
+                    m["dedupe_bytes"]),
+            GaugeMetricFamily("ckptfs_shared_bytes", "Durable bytes that name an extent another chunk names: "
+                              "what the devices would hold more without dedupe.", value=m["shared_bytes"]),
             GaugeMetricFamily("ckptfs_records_pending", "Journal records waiting to be committed.",
                               value=m["records_pending"]),
             GaugeMetricFamily("ckptfs_durability_lag_seconds",

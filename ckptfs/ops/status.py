@@ -77,8 +77,10 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       last_error {cause, message, time}, uploader {pid, priority, running,
                       calls (in flight), starts, restarts, last_exit (how the last process
                       ended), cpu_s (all its processes so far)}
-    dedupe            (only with --dedupe on; store/dedupe.py DedupeStats) indexed (extents),
-                      chunks_shared, bytes_shared (not written: the devices held the bytes)
+    dedupe            (with --dedupe on, or shared extents on the pool) on, shared_bytes (the
+                      pool's durable bytes that name an extent another chunk names: what the
+                      devices would hold more without dedupe); since the mount (store/dedupe.py
+                      DedupeStats): indexed (extents), chunks_shared, bytes_shared (not written)
 """
 from __future__ import annotations
 
@@ -96,6 +98,12 @@ __all__ = ["SCHEMA", "file_states", "snapshot", "paths_of", "files_under", "MEMO
 def file_states(store) -> dict[int, FileState]:
     """Every inode that is not durable, with its state and drain progress (the store's one pass)."""
     return store.file_states()
+
+
+def dedupe_json(store) -> dict:
+    """The `dedupe` block: the pool's shared bytes, and what this mount's index did."""
+    since = asdict(store.dedupe.statistics()) if store.dedupe is not None else {}
+    return {"on": store.dedupe is not None, "shared_bytes": store.durable.shared_bytes, **since}
 
 
 def progress(f: FileState) -> float:
@@ -217,5 +225,5 @@ def snapshot(store, monitor, *, window: float = 2.0, limit: int | None = None, i
         "all_durable": st.all_durable,
         "last_error": st.last_error,
         **({"replication": replication} if replication is not None else {}),
-        **({"dedupe": asdict(store.dedupe.statistics())} if store.dedupe is not None else {}),
+        **({"dedupe": dedupe_json(store)} if store.dedupe is not None or store.durable.shared_bytes else {}),
     }

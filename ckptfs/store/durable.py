@@ -35,10 +35,31 @@ class DurableState:
         self.ns = Namespace(clock=lambda: 0, on_drop=self._dropped)
         self.files: dict[int, FileExtents] = {}  # regular file ino -> its durable extents
         self.epoch = 0
+        self.names: dict[tuple[int, int], int] = {}  # (dev, address) -> chunks naming it (more: shared)
+        self.shared_bytes = 0  # bytes a naming saved: each extent's length once per naming after the first
+
+    def _named(self, ext: Extent) -> None:
+        key = (ext.dev, ext.unit)
+        n = self.names.get(key, 0)
+        self.names[key] = n + 1
+        if n:
+            self.shared_bytes += ext.length
+
+    def _unnamed(self, ext: Extent) -> None:
+        key = (ext.dev, ext.unit)
+        n = self.names.pop(key)
+        if n > 1:
+            self.names[key] = n - 1
+            self.shared_bytes -= ext.length
+        self.alloc.release(ext.dev, ext.unit)
+
+    def shared(self, ino: int) -> int:
+        """Bytes of file `ino`'s durable contents that another chunk also names (--dedupe)."""
+        return sum(e.length for e in self.files.get(ino, {}).values() if self.names.get((e.dev, e.unit), 0) > 1)
 
     def _dropped(self, inode: Inode) -> None:
         for ext in self.files.pop(inode.ino, {}).values():
-            self.alloc.release(ext.dev, ext.unit)
+            self._unnamed(ext)
 
     def apply(self, rec: tuple) -> None:
         """Apply one record (typed, or a plain ``(op, *fields)`` tuple)."""
@@ -96,8 +117,9 @@ class DurableState:
     def set_content(self, inode: Inode, size: int, mtime: int, ctime: int, extents: FileExtents) -> None:
         for ext in extents.values():
             self.alloc.claim(ext.dev, ext.unit, ext.length)
+            self._named(ext)
         for ext in self.files.get(inode.ino, {}).values():
-            self.alloc.release(ext.dev, ext.unit)
+            self._unnamed(ext)
         self.files[inode.ino] = extents
         inode.size = size
         inode.mtime_ns, inode.ctime_ns = mtime, ctime
