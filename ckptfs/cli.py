@@ -498,9 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="absorb-first (default): while writes stream in and memory is plentiful, hold "
                         "the drain so saves return fastest; eager: drain chunks as soon as they fill "
                         "(best when the devices, not the CPU, are the bottleneck)")
-    m.add_argument("--dedupe", choices=["on", "off"], default="off",
-                   help="on: a chunk whose bytes the devices hold already (written since the mount) "
-                        "is not written again, its file shares them; off (default): every chunk is written")
+    m.add_argument("--dedupe", choices=["on", "off"], default="on",
+                   help="on (default): a chunk whose bytes the devices hold already (written since the mount) "
+                        "is not written again, its file shares them; off: every chunk is written (saves a "
+                        "BLAKE3 digest per chunk, ~0.15 CPU s/GiB in the drain threads)")
     m.add_argument("--max-lag", default=repr(DEFAULT_MAX_LAG), metavar="SECONDS",
                    help="longest a closed file's commit is deferred while saves stream in; it is then "
                         "durable once drained (default %(default)s)")

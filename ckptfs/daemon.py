@@ -77,7 +77,7 @@ class MountConfig:
     queue_depth: int = 8
     fsync_absorb: bool = False
     drain_policy: str = "absorb-first"
-    dedupe: bool = False  # share the extents of chunks the devices hold already (store/dedupe.py)
+    dedupe: bool = True  # share the extents of chunks the devices hold already (store/dedupe.py)
     max_lag: float = DEFAULT_MAX_LAG
     force_recover: bool = False  # accept a journal older than its anchors promise (pool.recover)
     journal_half: int = DEFAULT_JOURNAL_HALF
