@@ -73,6 +73,7 @@ def test_parses_fstab_style_options():
     assert H.parse_options("memory=25%")["memory"] == "25%"
     assert H.parse_options("memory=1.5GiB")["memory"] == "1.5GiB"
     assert H.parse_options("engine=native,threads=4") == {"engine": "native", "threads": 4}
+    assert H.parse_options("dedupe=off") == {"dedupe": "off"}
 
 
 @pytest.mark.parametrize("text, words", [
@@ -80,6 +81,7 @@ def test_parses_fstab_style_options():
     ("memory=0", ["memory=0"]),
     ("memory=150%", ["memory=150%"]),
     ("memory", ["memory", "needs a value"]),
+    ("dedupe=maybe", ["dedupe=maybe", "on or off"]),
     ("fsync=never", ["fsync=never", "durable or absorb"]),
     ("queue_depth=0", ["queue_depth=0", "at least 1"]),
     ("queue_depth=x", ["queue_depth=x"]),
@@ -133,12 +135,12 @@ def test_parses_argv_as_mount_passes_it():
 
 def test_translates_to_the_ckptfs_command_line():
     args = H.parse_argv(["/dev/a,/dev/b", "/ckpt", "-o", "memory=8G,fsync=absorb,queue_depth=4,max_lag=1.5,"
-                                                          "engine=native,threads=3,foreground"])
+                                                          "engine=native,threads=3,dedupe=off,foreground"])
     fmt, cmd = H.mount_commands("/x/ckptfs", args, H.parse_options(args["options"]))
     assert fmt is None
     assert cmd == ["/x/ckptfs", "mount", "/ckpt", "--devices", "/dev/a,/dev/b", "--memory", "8G",
-                   "--fsync", "absorb", "--queue-depth", "4", "--max-lag", "1.5", "--engine", "native",
-                   "--threads", "3", "--foreground"]
+                   "--fsync", "absorb", "--dedupe", "off", "--queue-depth", "4", "--max-lag", "1.5", "--engine",
+                   "native", "--threads", "3", "--foreground"]
 
 
 def test_replication_options_reach_the_ckptfs_command_line():
