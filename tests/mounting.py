@@ -12,6 +12,7 @@ suites with each engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -127,6 +128,10 @@ class CkptMount:
     def clear_stale(self) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
         subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+    def status(self) -> dict:
+        """`ckptfs status --json` of this mount."""
+        return json.loads(ckptfs("status", "--json", str(self.path), check=True).stdout)
 
     def replicated(self, *paths, timeout: int = 120) -> None:
         """`ckptfs wait --replicated` on `paths` (default: the whole mount); when it fails, an

@@ -8,7 +8,6 @@ fine-tuning saves with torch write only what changed.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 
@@ -96,12 +95,8 @@ def test_the_drain_leaves_out_the_chunks_the_index_holds_and_keeps_the_others_of
 
 # ---- real mounts ----------------------------------------------------------------------------
 
-def status(m: CkptMount) -> dict:
-    return json.loads(ckptfs("status", "--json", str(m.path), check=True).stdout)
-
-
 def written(m: CkptMount) -> int:
-    return sum(d["bytes_written"] for d in status(m)["pool"]["devices"])
+    return sum(d["bytes_written"] for d in m.status()["pool"]["devices"])
 
 
 def durable(m: CkptMount) -> None:
@@ -119,10 +114,10 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
     try:
         (m.path / "step1.pt").write_bytes(data)
         durable(m)
-        before, used = written(m), status(m)["pool"]["used"]
+        before, used = written(m), m.status()["pool"]["used"]
         (m.path / "last.pt").write_bytes(data)
         durable(m)
-        st = status(m)
+        st = m.status()
         assert written(m) == before and st["pool"]["used"] == used
         assert st["dedupe"]["chunks_shared"] == 7 and st["dedupe"]["bytes_shared"] == len(data)
         assert st["dedupe"]["shared_bytes"] == len(data)
@@ -131,10 +126,10 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
         os.unlink(m.path / "step1.pt")
         durable(m)
         assert os.getxattr(m.path / "last.pt", "user.ckptfs.shared") == b"0"
-        assert status(m)["dedupe"]["shared_bytes"] == 0
+        assert m.status()["dedupe"]["shared_bytes"] == 0
         m.kill()
         m.mount()
-        assert (m.path / "last.pt").read_bytes() == data and status(m)["pool"]["used"] == used
+        assert (m.path / "last.pt").read_bytes() == data and m.status()["pool"]["used"] == used
         m.umount()
         fsck = ckptfs("fsck", "--devices", m.device_arg)
         assert fsck.returncode == 0 and "clean" in fsck.stdout, fsck.stdout + fsck.stderr
@@ -142,7 +137,7 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
         assert (m.path / "last.pt").read_bytes() == data
         os.unlink(m.path / "last.pt")
         durable(m)
-        assert status(m)["pool"]["used"] == 0
+        assert m.status()["pool"]["used"] == 0
     finally:
         m.close()
 

@@ -27,7 +27,6 @@ FlakyStrategyDefinition, which hides the original error.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import stat
@@ -42,7 +41,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from ext4 import ext4_tmpdir
-from mounting import CkptMount, ckptfs
+from mounting import CkptMount
 from nobody import as_user
 from syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, copy_range, fallocate, renameat2
 
@@ -125,8 +124,8 @@ def mnt(request, tmp_path_factory):
     try:
         yield m
         if dedupe == "on":  # the runs shared extents, or this mount tested nothing more
-            st = json.loads(ckptfs("status", "--json", str(m.path), check=True).stdout)
-            assert st["dedupe"]["chunks_shared"] > 0, st["dedupe"]
+            st = m.status()["dedupe"]
+            assert st["chunks_shared"] > 0, st
     finally:
         m.close()
 

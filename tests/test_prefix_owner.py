@@ -9,7 +9,6 @@ that pool's replication before it writes or deletes anything.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -31,7 +30,7 @@ def keys(client, bucket: str) -> dict[str, str]:
 
 
 def pool_of(m: CkptMount) -> str:
-    return json.loads(ckptfs("status", "--json", str(m.path), check=True).stdout)["pool"]["pool_id"]
+    return m.status()["pool"]["pool_id"]
 
 
 def wait_replicated(m: CkptMount, *paths, timeout: int = 120):

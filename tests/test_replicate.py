@@ -9,7 +9,6 @@ manifest holds, and every-step saves of one path upload far less than every vers
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import stat
@@ -56,8 +55,7 @@ def replicating(tmp_path, s3, bucket, *more, prefix="node0", sub="m", memory="51
 
 
 def replication(m: CkptMount) -> dict:
-    res = ckptfs("status", "--json", str(m.path), check=True)
-    return json.loads(res.stdout)["replication"]
+    return m.status()["replication"]
 
 
 def manifests(client, bucket: str, prefix: str = "node0") -> dict[int, Manifest]:
@@ -135,7 +133,7 @@ def test_a_tree_replicates_bit_exact_and_old_states_are_collected(tmp_path, s3, 
         rep = replication(m)
         assert rep["bytes_uploaded"] >= sum(len(d) for d in files.values()) and rep["errors_total"] == 0
         assert rep["generation"] == max(gens) and rep["lag"] >= 0 and rep["failing"] is None
-        url = json.loads(ckptfs("status", "--json", str(root)).stdout)["metrics_url"]
+        url = m.status()["metrics_url"]
         import urllib.request
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         assert "ckptfs_replication_bytes_uploaded_total" in text and "ckptfs_replication_lag_seconds" in text
@@ -251,7 +249,7 @@ def test_server_killed_mid_upload_resumes_and_no_manifest_is_torn(tmp_path, s3, 
         r = CkptMount(tmp_path / "restored", memory="256M")
         r.mount("--restore-from", f"s3://{bucket}/node0", "--s3-endpoint", s3.endpoint)
         try:
-            restored = json.loads(ckptfs("status", "--json", str(r.path), check=True).stdout)["restore"]
+            restored = r.status()["restore"]
             assert restored["generation"] >= standing
             seen = check_complete(client, bucket, manifests(client, bucket)[restored["generation"]])
             assert seen["first.bin"] == first

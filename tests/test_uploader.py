@@ -10,7 +10,6 @@ whole, a restore bit-exact), SIGKILL of the daemon (no uploader left behind), an
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import uuid
@@ -244,7 +243,7 @@ def test_the_priority_option_is_applied_to_every_thread_of_the_uploader_only(tmp
         pid = uploader_of(m)
         assert len(os.listdir(f"/proc/{pid}/task")) > 1 and sched(pid) == {want}  # SCHED_IDLE is policy 5
         assert sched(m.pid) == {(0, 0)}  # the daemon's own threads are unchanged
-        assert json.loads(ckptfs("status", "--json", str(m.path)).stdout)["replication"]["uploader"]["priority"] \
+        assert m.status()["replication"]["uploader"]["priority"] \
             == (priority or "idle")
     finally:
         m.close()
