@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from ckptfs.format.records import Extent
+from ckptfs.format.records import Content, Extent, Make
 from ckptfs.store.allocator import Allocator
 from ckptfs.store.dedupe import ContentIndex, digest
 from ckptfs.store.drain import _checksum_and_write_runs
@@ -67,6 +67,80 @@ def test_the_durable_state_counts_every_naming_and_says_what_each_file_shares():
     assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and s.names == {(1, 2): 1}
 
 
+def test_digests_follow_the_extents_named_and_a_snapshot_keeps_the_newest_that_fit():
+    """A `digests` record keeps (extent, digest) for named extents (one for an extent nothing names
+    is ignored: a later record of its frame freed it); an extent forgets its digest with its last
+    naming; a snapshot round trip keeps them in order, and one given room for two keeps the newest two."""
+    import stat as st
+    from ckptfs.format.journal import DIGEST_ITEM, decode_records, encode_record
+    from ckptfs.fs.namespace import ROOT_INO
+    from ckptfs.store.durable import DurableState
+
+    def fresh():
+        s = DurableState(Allocator([8, 8]))
+        for r in (("begin", 1, ROOT_INO + 1), ("attrs", ROOT_INO, st.S_IFDIR | 0o755, 0, 0, 0, 0, 0), ("snapend",)):
+            s.apply(r)
+        return s
+
+    s = fresh()
+    exts = [Extent(0, u, 4096, u) for u in range(3)]
+    s.apply(("make", ROOT_INO, b"a", st.S_IFREG | 0o644, 0, 0, 0, b"", 2, 1))
+    s.apply(("make", ROOT_INO, b"b", st.S_IFREG | 0o644, 0, 0, 0, b"", 3, 1))
+    s.apply(("content", 2, 3 * 4096, 1, 1, list(enumerate(exts))))
+    s.apply(("content", 3, 4096, 1, 1, [(0, exts[0])]))
+    items = [(e, digest(bytes([i]))) for i, e in enumerate(exts)]
+    s.apply(("digests", items + [(Extent(1, 5, 4096, 0), digest(b"gone"))]))
+    assert list(s.digests.values()) == items
+    for room, kept in ((None, items), (2 * DIGEST_ITEM, items[1:]), (DIGEST_ITEM - 1, [])):
+        recs = [("begin", 2, s.ns.next_ino)] + s.snapshot(room) + [("snapend",)]
+        t = fresh()
+        for r in decode_records(b"".join(encode_record(r) for r in recs), len(recs)):
+            t.apply(r)
+        assert list(t.digests.values()) == kept
+    s.apply(("content", 2, 4096, 2, 2, [(0, exts[0])]))  # units 1 and 2 go, unit 0 is still named
+    assert list(s.digests.values()) == items[:1]
+    s.apply(("unlink", ROOT_INO, b"a", 3))
+    s.apply(("unlink", ROOT_INO, b"b", 3))
+    assert not s.digests and not s.names
+
+
+def test_a_frame_carries_the_digests_of_extents_it_names_first_and_the_next_index_starts_from_them():
+    """The index says which written extents' digests no frame holds yet; a frame naming them
+    carries them (shared extents and extents of earlier frames not again); the index of the
+    next mount, loaded from the durable state, finds them all."""
+    alloc = Allocator([8])
+    index = ContentIndex(alloc)
+    a, b = Extent(0, 0, 10, 1), Extent(0, 1, 20, 2)
+    index.add(digest(b"a"), a)
+    index.add(digest(b"b"), b)
+    frame = [Make(1, b"f", 0o100644, 0, 0, 0, b"", 2, 1), Content(2, 30, 1, 1, [(0, a), (1, b)])]
+    assert index.to_journal(frame) == [(a, digest(b"a")), (b, digest(b"b"))]
+    index.journaled(index.to_journal(frame[1:2]))
+    assert index.to_journal(frame) == [] and not index.unjournaled
+    index.load([(Extent(0, 2, 5, 3), digest(b"c"))])
+    assert index.to_journal([Content(3, 5, 1, 1, [(0, Extent(0, 2, 5, 3))])]) == []
+    after = ContentIndex(Allocator([8]))
+    after.load([(a, digest(b"a")), (b, digest(b"b"))])
+    assert after.find(digest(b"b"), 20) == b and not after.unjournaled
+
+
+def test_fsck_checks_each_journaled_digest_against_the_extent_bytes():
+    from test_pool import append_commits, fresh, sb_of, write
+    from ckptfs.fs.namespace import ROOT_INO
+    from ckptfs.store.pool import fsck
+    import crc32c
+    for right in (True, False):
+        devs = fresh()
+        data = b"checkpoint bytes" * 100
+        write(devs[0], sb_of(devs[0]).unit_offset(3), data)
+        ext = Extent(0, 3, len(data), crc32c.crc32c(data))
+        append_commits(devs, [[("make", ROOT_INO, b"f", 0o100644, 0, 0, 0, b"", 2, 5),
+                               ("content", 2, len(data), 6, 6, [(0, ext)]),
+                               ("digests", [(ext, digest(data if right else data[1:]))])]])
+        problems = fsck(devs)
+        assert problems == [] if right else len(problems) == 1 and "content digest mismatch" in problems[0]
+
+
 class Recording:
     """A device that keeps what was written where."""
 
@@ -84,13 +158,35 @@ def test_the_drain_leaves_out_the_chunks_the_index_holds_and_keeps_the_others_of
     known = Extent(0, 5, cs, 1)
     index.add(digest(chunks[1]), known)
     dev = Recording()
-    [(crcs, digests, found, _)] = _checksum_and_write_runs(
-        dev, [([memoryview(c) for c in chunks], [cs] * 4, 1000)], cs, index)
+    [(crcs, digests, found, _, _)] = _checksum_and_write_runs(
+        dev, [([memoryview(c) for c in chunks], [cs] * 4, 1000)], cs, index, [])
     assert found == [None, known, None, None] and digests[2] == digest(chunks[2]) and len(crcs) == 4
     assert dev.writes == [(1000, chunks[0]), (1000 + 2 * cs, chunks[2] + chunks[3])]
     dev = Recording()
-    [(_, digests, found, _)] = _checksum_and_write_runs(dev, [([memoryview(c) for c in chunks], [cs] * 4, 0)], cs)
+    [(_, digests, found, _, _)] = _checksum_and_write_runs(dev, [([memoryview(c) for c in chunks], [cs] * 4, 0)], cs)
     assert digests == [] and found == [None] * 4 and dev.writes == [(0, b"".join(chunks))]
+
+
+def test_a_chunk_identical_to_one_in_flight_is_not_written_and_shares_its_write():
+    """In one job and from another job (another worker thread) alike, a chunk whose twin is being
+    written is left out of the writes and waits for the twin's flight; the drain lands it with
+    the extent written, and the next twin finds that extent in the index."""
+    cs = 8192
+    a, b = random.Random(1).randbytes(cs), random.Random(2).randbytes(cs)
+    index, led, dev = ContentIndex(Allocator([8])), [], Recording()
+    [(crcs, digests, found, flights, _)] = _checksum_and_write_runs(
+        dev, [([memoryview(c) for c in (a, b, a)], [cs] * 3, 0)], cs, index, led)
+    assert found[:2] == [None, None] and found[2] is flights[0] and flights[2] is None
+    assert dev.writes == [(0, a + b)] and led == [(digests[0], flights[0]), (digests[1], flights[1])]
+    other = Recording()
+    [(_, _, found2, _, _)] = _checksum_and_write_runs(other, [([memoryview(a)], [cs], 0)], cs, index, [])
+    assert found2 == [flights[0]] and other.writes == []
+    ext = Extent(0, 0, cs, crcs[0])
+    index.add(digests[0], ext)
+    index.land(digests[0], flights[0], ext)
+    assert flights[0].done and flights[0].extent == ext and digests[0] not in index.flying
+    [(_, _, found3, flights3, _)] = _checksum_and_write_runs(other, [([memoryview(a)], [cs], 0)], cs, index, [])
+    assert found3 == [ext] and flights3 == [None]
 
 
 # ---- real mounts ----------------------------------------------------------------------------
@@ -138,6 +234,56 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
         os.unlink(m.path / "last.pt")
         durable(m)
         assert m.status()["pool"]["used"] == 0
+    finally:
+        m.close()
+
+
+@pytest.mark.mount
+def test_saves_after_a_remount_or_a_kill_share_what_the_saves_before_wrote(tmp_path):
+    """The digests are in the journal: after a kill -9 (replay) and after a clean remount (the
+    snapshot each mount writes), copies of a file written before write nothing; fsck then reads
+    every extent and checks its digest."""
+    m = CkptMount(tmp_path, extra=("--dedupe", "on"))
+    m.mount()
+    data = os.urandom(5 * MiB + 999)
+    try:
+        (m.path / "step1.pt").write_bytes(data)
+        durable(m)
+        used = m.status()["pool"]["used"]
+        for name, stop in (("after-kill.pt", m.kill), ("after-umount.pt", m.umount)):
+            stop()
+            m.mount()
+            before = written(m)
+            (m.path / name).write_bytes(data)
+            durable(m)
+            st = m.status()
+            assert written(m) == before and st["pool"]["used"] == used, name
+            assert st["dedupe"]["bytes_shared"] == len(data), name
+        m.umount()
+        fsck = ckptfs("fsck", "--devices", m.device_arg)
+        assert fsck.returncode == 0 and "clean" in fsck.stdout, fsck.stdout + fsck.stderr
+    finally:
+        m.close()
+
+
+@pytest.mark.mount
+def test_a_second_save_of_the_same_bytes_while_the_first_is_in_memory_drains_once(tmp_path):
+    """Two saves of the same bytes back to back reach the drain together (the gate holds it while
+    writes stream in): each chunk is written once, the second file shares every extent, and both
+    read back after a kill -9."""
+    m = CkptMount(tmp_path, extra=("--dedupe", "on", "--memory", "256M"))
+    m.mount()
+    data = os.urandom(24 * MiB + 4321)
+    try:
+        (m.path / "step1.pt").write_bytes(data)
+        (m.path / "last.pt").write_bytes(data)
+        durable(m)
+        st = m.status()
+        assert written(m) == 24 * MiB + 8192, st  # each chunk once (the last one padded to 4 KiB)
+        assert st["dedupe"]["bytes_shared"] == len(data) and st["dedupe"]["shared_bytes"] == len(data), st
+        m.kill()
+        m.mount()
+        assert (m.path / "step1.pt").read_bytes() == data and (m.path / "last.pt").read_bytes() == data
     finally:
         m.close()
 

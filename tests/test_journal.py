@@ -43,6 +43,8 @@ def sample_records(rng: random.Random) -> list[tuple]:
         ("content", 3, 0, 0, 0, []),
         ("content", 3, 2**64 - 1, -1, 2**63 - 1, ext),
         ("content", 4, 12345, 1, 2, [(0, Extent(0, 0, 1, 0)), (2**64 - 1, Extent(65535, 2**64 - 1, 2**32 - 1, 2**32 - 1))]),
+        ("digests", []),
+        ("digests", [(Extent(1, 2**64 - 1, 2**32 - 1, 0), bytes(32))] + [(e, rng.randbytes(32)) for _, e in ext]),
         ("stamp", -(2**63)),
         ("stamp", 1_700_000_000_123_456_789),
         ("attrs", 1, 0o40755, 0, 0, 1, 2, 3),

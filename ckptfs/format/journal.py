@@ -41,6 +41,8 @@ _HDR = struct.Struct("<IIQQII")
 # op -> (type byte, field kinds), from the schema (records.py says what the kinds are)
 RECORDS: dict[str, tuple[int, str]] = {op: (t.type, t.kinds) for op, t in SCHEMA.items()}
 _EXT = struct.Struct("<QHQII")
+_DIGEST = struct.Struct("<HQII32s")  # an extent (device, unit, length, crc) and its content digest
+DIGEST_ITEM = _DIGEST.size  # bytes per item of a `digests` record
 
 
 class JournalCorrupt(Exception):
@@ -70,6 +72,9 @@ def encode_record(rec: tuple) -> bytes:
         elif k == "X":
             out.append(struct.pack("<I", len(v)))
             out.extend(_EXT.pack(idx, *ext) for idx, ext in v)
+        elif k == "D":
+            out.append(struct.pack("<I", len(v)))
+            out.extend(_DIGEST.pack(*ext, d) for ext, d in v)
         else:
             raise AssertionError(k)
     return b"".join(out)
@@ -98,18 +103,25 @@ def decode_records(buf: bytes, nrec: int) -> list[tuple]:
                 pos += 5 if k == "u" else 9
                 v = v if present else None
             elif k == "X":
-                (n,) = struct.unpack_from("<I", buf, pos)
-                pos += 4
-                v = []
-                for _ in range(n):
-                    idx, dev, unit, length, crc = _EXT.unpack_from(buf, pos)
-                    pos += _EXT.size
-                    v.append((idx, Extent(dev, unit, length, crc)))
+                items, pos = _unpack_list(_EXT, mv, pos)
+                v = [(idx, Extent(dev, unit, length, crc)) for idx, dev, unit, length, crc in items]
+            elif k == "D":
+                items, pos = _unpack_list(_DIGEST, mv, pos)
+                v = [(Extent(dev, unit, length, crc), d) for dev, unit, length, crc, d in items]
             args.append(v)
         recs.append(rt.cls(*args))
     if pos != len(buf):
         raise JournalCorrupt(f"frame payload has {len(buf) - pos} trailing bytes")
     return recs
+
+
+def _unpack_list(st: struct.Struct, mv: memoryview, pos: int) -> tuple[list[tuple], int]:
+    """A u32 count then that many `st` items at `pos`: the items and the position after them."""
+    (n,) = struct.unpack_from("<I", mv, pos)
+    end = pos + 4 + n * st.size
+    if end > len(mv):
+        raise JournalCorrupt(f"a list of {n} items runs past the frame")
+    return list(st.iter_unpack(mv[pos + 4:end])), end
 
 
 def frame_size(payload_len: int) -> int:

@@ -15,7 +15,7 @@ the constructor: ``Make(parent, name, ...)`` builds
 class, and its fields with their codec kinds (docs/FORMAT.md, "Records"):
 ``Q q I`` struct codes, ``s`` bytes with a u16 length, ``S`` bytes with a u32
 length, ``u`` an optional u32, ``t`` an optional i64, ``X`` a list of
-``(chunk index, Extent)``.
+``(chunk index, Extent)``, ``D`` a list of ``(Extent, digest)`` (32-byte digests).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ _TABLE = [
     (11, "begin", "Begin", "epoch:Q next_ino:Q"),
     (12, "snapend", "Snapend", ""),
     (13, "stamp", "Stamp", "time:q"),
+    (14, "digests", "Digests", "items:D"),
 ]
 
 
@@ -90,6 +91,7 @@ Attrs: type = SCHEMA["attrs"].cls
 Begin: type = SCHEMA["begin"].cls
 Snapend: type = SCHEMA["snapend"].cls
 Stamp: type = SCHEMA["stamp"].cls
+Digests: type = SCHEMA["digests"].cls
 
 
 def typed(rec: tuple) -> tuple:

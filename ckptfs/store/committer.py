@@ -7,7 +7,8 @@ since their last flush (`unflushed`). One task asks the commit log
 that does not split an atomic group. It flushes the devices holding data
 written since the last commit, writes the frame at the journal tail on every
 device, flushes again, applies the records to the durable state and reports
-the batch committed. A batch that nobody waits for (no fsync, syncfs or
+the batch committed. With `--dedupe on` a frame also carries the digests of
+the extents its `content` records name for the first time (dedupe.py). A batch that nobody waits for (no fsync, syncfs or
 unmount: `CommitHost.urgent()`) first lingers LINGER seconds for company:
 back-to-back metadata operations (a chmod loop, a checkpoint's renames and
 copystat) then share one frame, one device flush and one wake-up of the trio
@@ -34,14 +35,16 @@ import trio
 from ..errors import DeviceError, FsError, StoreFailing
 from ..format.journal import encode_frame
 from ..format.layout import Anchor
-from ..format.records import Begin, Snapend, Stamp
+from ..format.records import Begin, Digests, Snapend, Stamp
 from ..tasks import LoopLock, in_threads
+from .dedupe import ContentIndex
 from .device import BlockDevice, aligned_buffer
 from .durable import DurableState
 from .ordering import CommitLog, Pending
 
 log = logging.getLogger("ckptfs.journal")
 LINGER = 0.002  # seconds a batch nobody waits for gathers more records before it is written
+DIGEST_SHARE = 8  # a snapshot's digests take a half's 1/DIGEST_SHARE at most (the newest are kept)
 
 
 class CommitHost(Protocol):
@@ -52,6 +55,7 @@ class CommitHost(Protocol):
     stats: list  # DeviceStats per device
     durable: DurableState
     log: CommitLog
+    dedupe: ContentIndex | None  # --dedupe on: the digests each frame carries
     loop: LoopLock  # wake-ups from other threads go through loop.soon
 
     def committed(self, batch: list[Pending]) -> None: ...  # the batch is on the devices
@@ -112,6 +116,9 @@ class Committer:
         await self._flush(list(self.unflushed))
         if not records:
             return
+        digests = self.host.dedupe.to_journal(records) if self.host.dedupe is not None else []
+        if digests:
+            records.append(Digests(digests))
         durable = self.host.durable
         stamped = [Stamp(time.time_ns()), *records]
         frame = encode_frame(self.sb.pool_id, self.seq + 1, durable.epoch, stamped)
@@ -127,6 +134,8 @@ class Committer:
         self.tail += len(frame)
         for r in records:
             durable.apply(r)
+        if digests:
+            self.host.dedupe.journaled(digests)
 
     async def _flush(self, devs: list[int]) -> None:
         await self._flushing([(d, self.host.devices[d].flush) for d in devs])
@@ -170,7 +179,7 @@ class Committer:
         """Write a snapshot of the durable state at the start of the other half, then go on there."""
         durable = self.host.durable
         epoch = durable.epoch + 1
-        recs = [Begin(epoch, durable.ns.next_ino), Stamp(time.time_ns()), *durable.snapshot(), Snapend()]
+        recs = [Begin(epoch, durable.ns.next_ino), Stamp(time.time_ns()), *durable.snapshot(self.sb.journal_half // DIGEST_SHARE), Snapend()]
         frames, seq = [], self.seq
         step = 2000
         for i in range(0, len(recs), step):

@@ -48,7 +48,7 @@ from ..fs.arena import Arena
 from ..fs.filemap import Chunk
 from ..tasks import LoopLock, gather
 from .allocator import Allocator
-from .dedupe import ContentIndex, digest
+from .dedupe import ContentIndex, Flight, digest
 from .device import BlockDevice, round_up
 
 log = logging.getLogger("ckptfs.drain")
@@ -330,15 +330,29 @@ class Drainer:
         h = self.host
         stats = h.stats[dev]
         sharing = stats.write_started()  # I/Os sharing the device with these, roughly
+        led: list = []  # (digest, Flight) of every chunk this job writes while dedupe looks on
         try:
-            results = await trio.to_thread.run_sync(
-                _checksum_and_write_runs, h.devices[dev],
-                [(views, [p.hwm for p in run], h.sbs[dev].unit_offset(run[0].unit)) for run, views in jobs],
-                h.chunk_size, h.dedupe, limiter=h.limiters[dev])
+            try:
+                results = await trio.to_thread.run_sync(
+                    _checksum_and_write_runs, h.devices[dev],
+                    [(views, [p.hwm for p in run], h.sbs[dev].unit_offset(run[0].unit)) for run, views in jobs],
+                    h.chunk_size, h.dedupe, led, limiter=h.limiters[dev])
+            finally:
+                stats.write_ended()
+            await self._written(dev, jobs, results, led, sharing)
         finally:
-            stats.write_ended()
+            for d, flight in led:  # (nothing waits for a write that did not happen)
+                if not flight.done:
+                    h.dedupe.land(d, flight, None)
+
+    async def _written(self, dev: int, jobs: list, results: list, led: list, sharing: int) -> None:
+        """Account for the runs `_write_runs` wrote: each chunk drained into its extent, or into
+        the extent it shares; failed runs retried later."""
+        h = self.host
+        stats = h.stats[dev]
         failed: list[tuple] = []
         lost: list[Chunk] = []
+        waiting: list[tuple] = []  # chunks identical to one in flight: they share its extent
         for (run, _), result in zip(jobs, results):
             if isinstance(result, DeviceError):
                 stats.failed()
@@ -347,7 +361,7 @@ class Drainer:
                     p.chunk.write_lost()  # it needs device space again
                 failed.append((run, result))
                 continue
-            crcs, digests, found, seconds = result
+            crcs, digests, found, flights, seconds = result
             stats.wrote(sum(round_up(p.hwm) for p, hit in zip(run, found) if hit is None), seconds, sharing)
             for i, p in enumerate(run):
                 chunk = p.chunk
@@ -357,8 +371,12 @@ class Drainer:
                 hit = found[i]
                 if hit is not None:
                     h.alloc.release(p.dev, p.unit)
-                    if h.dedupe.adopt(hit, digests[i], p.hwm, crcs[i]):
+                    if isinstance(hit, Flight):
+                        waiting.append((p, hit, digests[i], crcs[i]))
+                    elif h.dedupe.adopt(hit, digests[i], p.hwm, crcs[i]):
                         h.drained(chunk, hit)  # the bytes are there already: share them
+                        if flights[i] is not None:
+                            h.dedupe.land(digests[i], flights[i], hit)
                     else:
                         chunk.write_lost()  # that extent went meanwhile: write this chunk after all
                         lost.append(chunk)
@@ -366,7 +384,25 @@ class Drainer:
                 ext = Extent(p.dev, p.unit, p.hwm, crcs[i])
                 if digests:
                     h.dedupe.add(digests[i], ext)
+                    if flights[i] is not None:
+                        h.dedupe.land(digests[i], flights[i], ext)
                 h.drained(chunk, ext)
+        for d, flight in led:  # every flight of this job lands before any wait (or two jobs could
+            if not flight.done:  # wait for each other)
+                h.dedupe.land(d, flight, None)
+        for p, flight, d, crc in waiting:
+            if not flight.done:
+                if flight.event is None:
+                    flight.event = trio.Event()
+                await flight.event.wait()
+            chunk = p.chunk
+            if chunk.gen != p.gen or not chunk.wanted or chunk.extent is not None:
+                continue
+            if flight.extent is not None and h.dedupe.adopt(flight.extent, d, p.hwm, crc):
+                h.drained(chunk, flight.extent)
+            else:
+                chunk.write_lost()  # the write it waited for came to nothing: write it after all
+                lost.append(chunk)
         for chunk in lost:
             self.queue(chunk)
         if len(failed) < len(jobs):
@@ -555,28 +591,39 @@ def _zero_tail(view: memoryview, hwm: int) -> None:
 
 
 def _checksum_and_write_runs(device: BlockDevice, runs: list[tuple[list[memoryview], list[int], int]],
-                             chunk_size: int, index: ContentIndex | None = None) -> list:
+                             chunk_size: int, index: ContentIndex | None = None, led: list | None = None) -> list:
     """In a worker thread: for each run (views, valid lengths, device offset), checksum each
     chunk's valid bytes and write them (zero-padded to 4 KiB already) with one pwritev at the
-    offset. With an `index` (--dedupe on), each chunk's digest too, and a chunk the index may
-    hold already is left out of the writes (the run's other chunks keep their offsets). Per run:
-    (crcs, digests, extents found or None, seconds the writes took), or the DeviceError one raised
-    (the other runs are still written).
+    offset. With an `index` (--dedupe on), each chunk's digest too; a chunk the index may hold
+    already, or identical to one in flight (`take_off`), is left out of the writes (the run's
+    other chunks keep their offsets), and each chunk written leads a flight, added to `led` as it
+    is made. Per run: (crcs, digests, per chunk the extent or flight found or None, per chunk the
+    flight it leads or None, seconds the writes took), or the DeviceError one raised (the other
+    runs are still written).
 
     If a chunk changes meanwhile, the caller sees its generation moved and drops that copy.
     """
     out: list = []
     for views, hwms, offset in runs:
-        crcs, digests, found, segments = [], [], [], []
+        crcs, digests, found, flights, segments = [], [], [], [], []
         current: list | None = None
         for i, (view, hwm) in enumerate(zip(views, hwms)):
             crcs.append(crc32c.crc32c(view[:hwm]))
-            hit = None
+            hit = flight = None
             if index is not None:
                 d = digest(view[:hwm])
                 digests.append(d)
                 hit = index.find(d, hwm)
+                if hit is None:
+                    flight, mine = index.take_off(d, hwm)
+                    if not mine:
+                        hit, flight = flight, None
+                    elif flight is not None:
+                        led.append((d, flight))
+                        # (an identical chunk's flight may have landed between find and take_off)
+                        hit = index.find(d, hwm)
             found.append(hit)
+            flights.append(flight)
             if hit is not None:
                 current = None
                 continue
@@ -591,5 +638,5 @@ def _checksum_and_write_runs(device: BlockDevice, runs: list[tuple[list[memoryvi
         except DeviceError as e:
             out.append(e)
             continue
-        out.append((crcs, digests, found, time.monotonic() - t0))
+        out.append((crcs, digests, found, flights, time.monotonic() - t0))
     return out

@@ -12,18 +12,26 @@ same code serves three purposes:
   daemon always knows which device space a crash would still need;
 - compaction: `snapshot()` is the list of records that rebuilds this state,
   written at the start of the other journal half when one fills up.
+
+With `--dedupe on` the journal also says which content digest an extent
+holds (`digests` records, after the `content` that names it); the state keeps
+the newest `DIGESTS_KEPT` of the extents still named (`digests`), which seed
+the dedupe index at mount and go into each snapshot. An extent forgets its
+digest when its last naming goes.
 """
 from __future__ import annotations
 
 import stat
-from collections import deque
+from collections import OrderedDict, deque
 
-from ..format.journal import JournalCorrupt
-from ..format.records import Attrs, Content, Extent, Link, Make, Setxattr, typed
+from ..format.journal import DIGEST_ITEM, JournalCorrupt
+from ..format.records import Attrs, Content, Digests, Extent, Link, Make, Setxattr, typed
 from ..fs.namespace import ROOT_INO, Inode, Namespace
 from .allocator import Allocator
+from .dedupe import CAPACITY as DIGESTS_KEPT  # extents whose digest the state keeps
 
 FileExtents = dict[int, Extent]  # a file's durable contents: chunk index -> where it is stored
+DIGESTS_PER_RECORD = 1024  # items per `digests` record of a snapshot (DIGEST_ITEM bytes each)
 
 
 class DurableState:
@@ -37,6 +45,8 @@ class DurableState:
         self.epoch = 0
         self.names: dict[tuple[int, int], int] = {}  # (dev, address) -> chunks naming it (more: shared)
         self.shared_bytes = 0  # bytes a naming saved: each extent's length once per naming after the first
+        # (dev, address) -> (extent, its content digest), newest last: named extents only
+        self.digests: OrderedDict[tuple[int, int], tuple[Extent, bytes]] = OrderedDict()
 
     def _named(self, ext: Extent) -> None:
         key = (ext.dev, ext.unit)
@@ -51,6 +61,8 @@ class DurableState:
         if n > 1:
             self.names[key] = n - 1
             self.shared_bytes -= ext.length
+        else:
+            self.digests.pop(key, None)
         self.alloc.release(ext.dev, ext.unit)
 
     def shared(self, ino: int) -> int:
@@ -105,6 +117,8 @@ class DurableState:
             elif op == "begin":
                 self.epoch = rec.epoch
                 ns.next_ino = max(ns.next_ino, rec.next_ino)
+            elif op == "digests":
+                self._digested(rec.items)
             elif op in ("snapend", "stamp"):
                 pass
             else:
@@ -113,6 +127,16 @@ class DurableState:
             raise
         except Exception as e:
             raise JournalCorrupt(f"record {tuple(rec)[:3]}... does not apply: {e}") from e
+
+    def _digested(self, items) -> None:
+        for ext, d in items:
+            key = (ext.dev, ext.unit)
+            if key not in self.names:
+                continue  # a later record of the same frame freed it
+            self.digests[key] = (ext, d)
+            self.digests.move_to_end(key)
+        while len(self.digests) > DIGESTS_KEPT:
+            self.digests.popitem(last=False)
 
     def set_content(self, inode: Inode, size: int, mtime: int, ctime: int, extents: FileExtents) -> None:
         for ext in extents.values():
@@ -124,8 +148,9 @@ class DurableState:
         inode.size = size
         inode.mtime_ns, inode.ctime_ns = mtime, ctime
 
-    def snapshot(self) -> list[tuple]:
-        """Records that rebuild this state in a fresh namespace (after a `begin`)."""
+    def snapshot(self, digest_room: int | None = None) -> list[tuple]:
+        """Records that rebuild this state in a fresh namespace (after a `begin`): the newest
+        digests among them as long as they fit in `digest_room` bytes (all of them when None)."""
         ns = self.ns
         makes: list[tuple] = []
         tail: list[tuple] = []
@@ -151,6 +176,10 @@ class DurableState:
             for k, v in inode.xattrs.items():
                 tail.append(Setxattr(ino, k, v))
             tail.append(Attrs(ino, inode.mode, inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns, inode.ctime_ns))
+        kept = list(self.digests.values())
+        if digest_room is not None:
+            kept = kept[len(kept) - min(len(kept), digest_room // DIGEST_ITEM):]
+        tail += [Digests(kept[i:i + DIGESTS_PER_RECORD]) for i in range(0, len(kept), DIGESTS_PER_RECORD)]
         return makes + tail
 
     def extents(self) -> list[tuple[int, int, Extent]]:

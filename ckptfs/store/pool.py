@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import crc32c
 
 from .allocator import Allocator
+from .dedupe import digest
 from .device import ALIGN, BlockDevice, aligned_buffer, round_up
 from .durable import DurableState
 from ..errors import UsageError
@@ -311,7 +312,8 @@ def live_namespace(records: list, alloc: Allocator, owner) -> Namespace:
 
 
 def fsck(paths: list) -> list[str]:
-    """Problems found (empty when the pool is sound): journal damage, bad or overlapping extents."""
+    """Problems found (empty when the pool is sound): journal damage, bad or overlapping extents,
+    bytes that do not match their CRC-32C or their journaled content digest (--dedupe)."""
     problems: list[str] = []
     pool = open_pool(paths)
     try:
@@ -337,6 +339,9 @@ def fsck(paths: list) -> list[str]:
                 continue
             if crc32c.crc32c(data[:ext.length]) != ext.crc:
                 problems.append(f"{where}: checksum mismatch")
+            known = rec.durable.digests.get(key)
+            if known is not None and (known[0] != ext or digest(data[:ext.length]) != known[1]):
+                problems.append(f"{where}: content digest mismatch (journaled for {known[0]})")
         rec.durable.ns.check_invariants()
     finally:
         pool.close()

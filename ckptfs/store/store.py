@@ -216,6 +216,8 @@ class Store:
         self.stats = [DeviceStats() for _ in devices]
         self.log = CommitLog(max_lag=max_lag, alive=self._alive)
         self.dedupe = ContentIndex(self.alloc) if dedupe else None
+        if self.dedupe is not None:
+            self.dedupe.load(durable.digests.values())  # what the saves before this mount wrote
         self.drainer = Drainer(self, queue_depth=queue_depth, policy=drain_policy)
         self.committer = Committer(self, half=half, tail=tail, seq=seq, anchor_gen=anchor_gen)
         self.reservation = Reservation(self.alloc, self.undrained, self._undrained_chunks)
