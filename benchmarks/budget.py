@@ -10,7 +10,8 @@ This case measures that time on two checkpoints (`--payloads`):
   tensor  one 1 GiB fp32 tensor.
 
 Per round, on one mount (two file devices under scratch/, `--engine`,
-`--chunk-size`, `--memory`), with the daemon idle before and after each pass:
+`--chunk-size`, `--memory`, `--dedupe`, off unless asked: the saves repeat one
+state dict), with the daemon idle before and after each pass:
 
   absorb   `--saves` torch.saves, each into a fresh name, the previous file
            deleted first (its undrained chunks are dropped, never drained);
@@ -153,7 +154,7 @@ def one_round(kind: str, sd: dict, args, saves: int, scratch: Path) -> dict:
     mp = scratch / "mnt"
     devices = file_devices(scratch, 2, 8 * GiB)
     opts = ["--devices", ",".join(map(str, devices)), "--memory", args.memory, "--engine", args.engine,
-            "--chunk-size", args.chunk_size]
+            "--chunk-size", args.chunk_size, "--dedupe", args.dedupe]
     mp.mkdir(parents=True, exist_ok=True)
     ckptfs("mount", str(mp), *opts, "--format", "--force")
     chunk = parse_size(args.chunk_size)
@@ -248,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="native", choices=("native", "pyfuse3"))
     ap.add_argument("--chunk-size", default="1M")
     ap.add_argument("--memory", default="8G", help="enough that the absorb pass never presses the drain")
+    ap.add_argument("--dedupe", default="off", choices=("on", "off"),
+                    help="off (default): every save is written, as the targets assume (the saves repeat one "
+                         "state dict, so with dedupe on nearly all of each would be shared); on: what the "
+                         "digests add")
     ap.add_argument("--saves", type=int, default=None, help="saves per pass (default: ~4 GiB of each payload)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-restore", action="store_true")
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     data = {"benchmark": "budget", "when": now(), "machine": machine(),
             "config": {"engine": args.engine, "chunk_size": args.chunk_size, "memory": args.memory,
+                       "dedupe": args.dedupe,
                        "repeats": args.repeats, "lock_probe": "py-spy --gil" if LockProbe.available else None},
             "payloads": {}}
     results: dict[str, dict[str, dict]] = {rev: {} for rev in revs}

@@ -203,7 +203,8 @@ def replicate_md(d: dict) -> str:
 
 def budget_md(d: dict) -> str:
     c = d["config"]
-    parts = [f"Engine {c['engine']}, chunk {c['chunk_size']}, median of {c['repeats']} rounds (min–max); "
+    parts = [f"Engine {c['engine']}, chunk {c['chunk_size']}, dedupe {c.get('dedupe', 'off')} (the saves repeat one "
+             f"state dict), median of {c['repeats']} rounds (min–max); "
              f"seconds per GiB. Lock: the time the daemon held the interpreter lock "
              f"({c.get('lock_probe') or 'not measured: py-spy missing'}), which caps one mount at 1 / lock "
              f"GiB/s on any number of cores (the ceiling); split by thread: the trio thread / the FUSE "
