@@ -218,7 +218,10 @@ def test_a_copy_writes_nothing_and_outlives_its_original(tmp_path):
         assert st["dedupe"]["chunks_shared"] == 7 and st["dedupe"]["bytes_shared"] == len(data)
         assert st["dedupe"]["shared_bytes"] == len(data)
         assert os.getxattr(m.path / "last.pt", "user.ckptfs.shared") == str(len(data)).encode()
-        assert "shared on the devices" in ckptfs("status", str(m.path)).stdout
+        assert {(f["path"], f["size"], f["shared"]) for f in st["dedupe"]["newest"]} == {
+            ("/step1.pt", len(data), len(data)), ("/last.pt", len(data), len(data))}
+        out = ckptfs("status", str(m.path)).stdout
+        assert "shared on the devices" in out and "/last.pt: 6.0 MiB, 100% shared with other files" in out, out
         os.unlink(m.path / "step1.pt")
         durable(m)
         assert os.getxattr(m.path / "last.pt", "user.ckptfs.shared") == b"0"

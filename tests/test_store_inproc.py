@@ -223,6 +223,41 @@ def test_read_ahead_loads_runs_of_units_with_one_read_each_and_verifies_every_ch
     d3.kill()
 
 
+def test_read_ahead_of_a_file_sharing_every_other_chunk_takes_one_thread_job_per_batch(monkeypatch):
+    """With --dedupe on, a file that shares every other chunk with an earlier one lies in runs of
+    one unit; its read-ahead still takes one worker-thread job per `fetch_run` chunks (a preadv
+    per run inside), not one per run (38 before batching), and reads back whole after a remount."""
+    from ckptfs.store import drain
+    cs = 65536
+    devs, d, p = fresh(n=1, memory=4 << 20, dev_size=16 << 20, dedupe=True)
+    first = random.randbytes(40 * cs)
+    second = b"".join(first[i * cs:(i + 1) * cs] if i % 2 else random.randbytes(cs) for i in range(40))
+    p.write_file("/first", first, piece=cs)
+    d.call(d.store.drain_all)
+    p.write_file("/second", second, piece=cs)
+    d.call(d.store.drain_all)
+    assert d.store.dedupe.statistics().chunks_shared == 20
+    d.unmount()
+    hops, runs = [], []  # worker-thread jobs of batches (their runs each); runs read
+    one, many = drain._read_run_and_checksum, drain._read_runs_and_checksum
+
+    def read_run(dev, *args):
+        runs.append(1)
+        return one(dev, *args)
+
+    def read_runs(dev, batch):
+        hops.append(len(batch))
+        return many(dev, batch)  # (its runs through read_run)
+
+    monkeypatch.setattr(drain, "_read_run_and_checksum", read_run)
+    monkeypatch.setattr(drain, "_read_runs_and_checksum", read_runs)
+    d2 = Driver(image_all(devs), memory=4 << 20, dedupe=True)
+    assert PathOps(d2).read_file("/second") == second
+    alone = len(runs) - sum(hops)  # jobs of one run: a reader's miss, a long run
+    assert len(runs) >= 30 and len(hops) + alone <= 16, (hops, alone)
+    d2.kill()
+
+
 @pytest.mark.parametrize("closed", [False, True], ids=["draining", "draining-and-committed"])
 def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
     """The native engine's shifted run adopts the rest of a chunk (FileData.adopt, `at`) whose

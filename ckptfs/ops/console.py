@@ -115,6 +115,10 @@ def render(st: dict, limit: int = 20):
         since = (f"; since the mount {d['chunks_shared']} chunk(s), {human_bytes(d['bytes_shared'])} not written"
                  if d["on"] else "; --dedupe is off")
         parts.append(Text(f"Dedupe: {human_bytes(d['shared_bytes'])} shared on the devices{since}"))
+        for f in d.get("newest", []):
+            share = f"{100 * f['shared'] / f['size']:.0f}%" if f["size"] else "0%"
+            parts.append(Text(f"  {f['path'] or 'inode %d' % f['ino']}: {human_bytes(f['size'])}, {share} shared "
+                              f"with other files"))
 
     if st.get("restore"):
         parts.append(restore_line(st["restore"]))

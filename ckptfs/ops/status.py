@@ -80,11 +80,14 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
     dedupe            (with --dedupe on, or shared extents on the pool) on, shared_bytes (the
                       pool's durable bytes that name an extent another chunk names: what the
                       devices would hold more without dedupe); since the mount (store/dedupe.py
-                      DedupeStats): indexed (extents), chunks_shared, bytes_shared (not written)
+                      DedupeStats): indexed (extents), chunks_shared, bytes_shared (not written);
+                      newest: the NEWEST_FILES newest durable files, each {path, ino, size,
+                      shared (its durable bytes that another chunk names: user.ckptfs.shared)}
 """
 from __future__ import annotations
 
 import errno as _errno
+import heapq
 from dataclasses import asdict
 import os
 
@@ -92,6 +95,7 @@ from ..fs.namespace import ROOT_INO
 from ..store.store import DRAINING, FAILED, MEMORY, FileState
 
 SCHEMA = 2  # 2: engine_stats groups the session's counts and the lock's
+NEWEST_FILES = 5  # durable files the dedupe block lists, newest (durable mtime) first
 __all__ = ["SCHEMA", "file_states", "snapshot", "paths_of", "files_under", "MEMORY", "DRAINING", "FAILED"]
 
 
@@ -101,9 +105,16 @@ def file_states(store) -> dict[int, FileState]:
 
 
 def dedupe_json(store) -> dict:
-    """The `dedupe` block: the pool's shared bytes, and what this mount's index did."""
+    """The `dedupe` block: the pool's shared bytes, what this mount's index did, and the newest
+    durable files with the bytes of each that another file's chunks name too."""
     since = asdict(store.dedupe.statistics()) if store.dedupe is not None else {}
-    return {"on": store.dedupe is not None, "shared_bytes": store.durable.shared_bytes, **since}
+    durable = store.durable
+    newest = heapq.nlargest(NEWEST_FILES, (ino for ino, extents in durable.files.items() if extents),
+                            key=lambda ino: durable.ns.inodes[ino].mtime_ns)
+    paths = paths_of(store.ns, newest) if store.ns is not None else {}
+    files = [{"path": paths.get(ino), "ino": ino, "size": durable.ns.inodes[ino].size, "shared": durable.shared(ino)}
+             for ino in newest]
+    return {"on": store.dedupe is not None, "shared_bytes": durable.shared_bytes, **since, "newest": files}
 
 
 def progress(f: FileState) -> float:

@@ -27,7 +27,9 @@ Fetches read evicted chunks back into arena slots, in parallel across
 devices, and verify each chunk's crc32c: a mismatch is EIO and a logged
 error, never wrong bytes. Read-ahead for a sequential reader loads runs of
 chunks at consecutive units of one device with one task and one `preadv`
-(FETCH_RUN_BYTES at most), not a task and a thread hop per chunk.
+(FETCH_RUN_BYTES at most), and short runs of one device together, one task and
+one worker-thread job for FETCH_RUN_BYTES of them: not a task and a thread hop
+per chunk.
 
 It talks to the store through `DrainHost` (below): slots, unit allocation,
 and reports of what happened to each chunk.
@@ -449,57 +451,76 @@ class Drainer:
 
     def _prefetch(self, chunks: list[Chunk]) -> None:
         """Start loading `chunks`: one task and one `preadv` per run of consecutive units on a
-        device (the drain wrote them in such runs), not one per chunk."""
-        cs = self.host.chunk_size
+        device (the drain wrote them in such runs), `fetch_run` chunks at most, not a task and a
+        thread hop per chunk. Short runs (a file sharing chunks with others, --dedupe) are
+        gathered per device, `fetch_run` chunks to a task and one worker-thread job (a `preadv`
+        per run inside); a long run keeps a task of its own, so runs still load in parallel."""
+        cs, step = self.host.chunk_size, self.host.alloc.per_unit
         todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks if self._missing(c))
-        run: list[Chunk] = []
+        runs: list[list[Chunk]] = []
         for dev, unit, _, c in todo:
-            if run:
-                last = run[-1].extent
-                if (dev != last.dev or unit != last.unit + self.host.alloc.per_unit or round_up(last.length) != cs
-                        or len(run) >= self.fetch_run):
-                    self.nursery.start_soon(self._prefetch_run, run)
-                    run = []
-            run.append(c)
-        if run:
-            self.nursery.start_soon(self._prefetch_run, run)
+            last = runs[-1][-1].extent if runs else None
+            if (last is None or dev != last.dev or unit != last.unit + step or round_up(last.length) != cs
+                    or len(runs[-1]) >= self.fetch_run):
+                runs.append([])
+            runs[-1].append(c)
+        short: dict[int, list[Chunk]] = {}
+        for run in runs:
+            if 2 * len(run) >= self.fetch_run:
+                self.nursery.start_soon(self._prefetch_batch, run)
+                continue
+            batch = short.setdefault(run[0].extent.dev, [])
+            batch += run
+            if len(batch) >= self.fetch_run:
+                self.nursery.start_soon(self._prefetch_batch, short.pop(run[0].extent.dev))
+        for batch in short.values():
+            self.nursery.start_soon(self._prefetch_batch, batch)
 
-    async def _prefetch_run(self, run: list[Chunk]) -> None:
+    async def _prefetch_batch(self, batch: list[Chunk]) -> None:
         try:
-            if len(run) == 1:
-                await self._fetch_one(run[0])
+            if len(batch) == 1:
+                await self._fetch_one(batch[0])
             else:
-                await self._fetch_run(run)
+                await self._fetch_batch(batch)
         except Exception as e:  # noqa: BLE001 - the read that needs it will retry and report
-            log.debug("read-ahead of inode %d chunks %s failed: %s", run[0].ino, [c.idx for c in run], e)
+            log.debug("read-ahead of inode %d chunks %s failed: %s", batch[0].ino, [c.idx for c in batch], e)
 
-    async def _fetch_run(self, run: list[Chunk]) -> None:
-        """Load chunks at consecutive units of one device with one read (read-ahead only: a chunk
-        that changed meanwhile is dropped, and it takes only slots free now, never waits)."""
+    async def _fetch_batch(self, batch: list[Chunk]) -> None:
+        """Load chunks of one device, in unit order, with one worker-thread job: one read per run
+        of consecutive units (read-ahead only: a chunk that changed meanwhile is dropped, and it
+        takes only slots free now, never waits)."""
         h = self.host
-        run = [c for c in run if self._missing(c)]  # still: another fetch may have started meanwhile
-        exts = [c.extent for c in run]
-        step = h.alloc.per_unit
-        if not run or any(e.dev != exts[0].dev or e.unit != exts[0].unit + i * step for i, e in enumerate(exts)):
-            return
+        batch = [c for c in batch if self._missing(c)]  # still: another fetch may have started meanwhile
         slots = []
         try:
-            for _ in run:
+            for _ in batch:
                 slots.append(h.alloc_slot())
         except NoSpace:
             pass
-        run, exts = run[:len(slots)], exts[:len(slots)]
-        if not run:
+        batch = batch[:len(slots)]
+        if not batch:
             return
-        events = [trio.Event() for _ in run]
-        for c, done in zip(run, events):
-            self.fetching[id(c)] = done
+        exts = [c.extent for c in batch]
         dev = exts[0].dev
+        if any(e.dev != dev for e in exts):
+            for slot in slots:
+                h.arena.free(slot)
+            return
+        events = [trio.Event() for _ in batch]
+        for c, done in zip(batch, events):
+            self.fetching[id(c)] = done
         try:
             views = [h.arena.view(slot)[:round_up(e.length)] for slot, e in zip(slots, exts)]
+            runs: list[tuple[list, list, int]] = []
+            step, cs = h.alloc.per_unit, h.chunk_size
+            for i, (e, v) in enumerate(zip(exts, views)):
+                last = exts[i - 1] if i else None
+                if last is None or e.unit != last.unit + step or round_up(last.length) != cs:
+                    runs.append(([], [], h.sbs[dev].unit_offset(e.unit)))
+                runs[-1][0].append(v)
+                runs[-1][1].append(e.length)
             try:
-                crcs = await trio.to_thread.run_sync(_read_run_and_checksum, h.devices[dev], views,
-                                                     [e.length for e in exts], h.sbs[dev].unit_offset(exts[0].unit),
+                crcs = await trio.to_thread.run_sync(_read_runs_and_checksum, h.devices[dev], runs,
                                                      limiter=h.limiters[dev])
             except DeviceError:
                 h.stats[dev].failed()
@@ -507,12 +528,12 @@ class Drainer:
                     h.arena.free(slot)
                 raise
             h.stats[dev].read(sum(len(v) for v in views))
-            for c, e, slot, crc in zip(run, exts, slots, crcs):
+            for c, e, slot, crc in zip(batch, exts, slots, crcs):
                 if not self._place(c, e, slot, crc):
                     log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
                               "it fetches it again and reports)", c.ino, c.idx)
         finally:
-            for c, done in zip(run, events):
+            for c, done in zip(batch, events):
                 del self.fetching[id(c)]
                 done.set()
 
@@ -581,6 +602,14 @@ def _read_run_and_checksum(device: BlockDevice, views: list[memoryview], valid: 
     of each one's first `valid` bytes."""
     device.preadv_into(views, offset)
     return [crc32c.crc32c(v[:n]) for v, n in zip(views, valid)]
+
+
+def _read_runs_and_checksum(device: BlockDevice, runs: list[tuple[list[memoryview], list[int], int]]) -> list[int]:
+    """`_read_run_and_checksum` of each (views, valid lengths, offset) run; the crcs end to end."""
+    out: list[int] = []
+    for views, valid, offset in runs:
+        out += _read_run_and_checksum(device, views, valid, offset)
+    return out
 
 
 def _zero_tail(view: memoryview, hwm: int) -> None:

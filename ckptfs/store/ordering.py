@@ -57,7 +57,8 @@ from typing import Callable
 from ..format.records import Content
 
 FRAME_OVERHEAD = 64  # bytes a record costs in a frame, roughly (for the batch budget)
-EXTENT_BYTES = 30  # bytes one extent adds to a content record, roughly
+EXTENT_BYTES = 80  # bytes one extent adds to a frame, roughly: 26 in its content record, 50 more in a
+# digests record (--dedupe on) when the frame is the first to name it
 
 
 @dataclass
