@@ -64,7 +64,7 @@ def test_the_durable_state_counts_every_naming_and_says_what_each_file_shares():
     s.apply(("unlink", ROOT_INO, b"a", 2))
     assert s.alloc.refs(0, 3) == 1 and s.shared_bytes == 0 and s.shared(3) == 0
     s.apply(("content", 3, 100, 2, 2, [(1, own)]))
-    assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and s.names == {(1, 2): 1}
+    assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and s.names == {2 << 16 | 1: 1}
 
 
 def test_digests_follow_the_extents_named_and_a_snapshot_keeps_the_newest_that_fit():

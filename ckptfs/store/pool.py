@@ -25,7 +25,7 @@ import crc32c
 from .allocator import Allocator
 from .dedupe import digest
 from .device import ALIGN, BlockDevice, aligned_buffer, round_up
-from .durable import DurableState
+from .durable import DurableState, address_key
 from ..errors import UsageError
 from ..fs.filemap import Chunk, FileData
 from ..format.records import Extent
@@ -339,7 +339,7 @@ def fsck(paths: list) -> list[str]:
                 continue
             if crc32c.crc32c(data[:ext.length]) != ext.crc:
                 problems.append(f"{where}: checksum mismatch")
-            known = rec.durable.digests.get(key)
+            known = rec.durable.digests.get(address_key(ext))
             if known is not None and (known[0] != ext or digest(data[:ext.length]) != known[1]):
                 problems.append(f"{where}: content digest mismatch (journaled for {known[0]})")
         rec.durable.ns.check_invariants()
