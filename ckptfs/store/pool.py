@@ -337,10 +337,10 @@ def fsck(paths: list) -> list[str]:
             except Exception as e:  # noqa: BLE001 - every problem is reported
                 problems.append(f"{where}: read failed: {e}")
                 continue
+            known = rec.durable.digests.get(address_key(ext))
             if crc32c.crc32c(data[:ext.length]) != ext.crc:
                 problems.append(f"{where}: checksum mismatch")
-            known = rec.durable.digests.get(address_key(ext))
-            if known is not None and (known[0] != ext or digest(data[:ext.length]) != known[1]):
+            elif known is not None and (known[0] != ext or digest(data[:ext.length]) != known[1]):
                 problems.append(f"{where}: content digest mismatch (journaled for {known[0]})")
         rec.durable.ns.check_invariants()
     finally:
