@@ -64,7 +64,7 @@ def test_the_durable_state_counts_every_naming_and_says_what_each_file_shares():
     s.apply(("unlink", ROOT_INO, b"a", 2))
     assert s.alloc.refs(0, 3) == 1 and s.shared_bytes == 0 and s.shared(3) == 0
     s.apply(("content", 3, 100, 2, 2, [(1, own)]))
-    assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and s.names == {2 << 16 | 1: 1}
+    assert s.alloc.refs(0, 3) == 0 and s.alloc.refs(1, 2) == 1 and len(s.names) == 1 and s.namings(own) == 1
 
 
 def test_digests_follow_the_extents_named_and_a_snapshot_keeps_the_newest_that_fit():
@@ -102,6 +102,32 @@ def test_digests_follow_the_extents_named_and_a_snapshot_keeps_the_newest_that_f
     s.apply(("unlink", ROOT_INO, b"a", 3))
     s.apply(("unlink", ROOT_INO, b"b", 3))
     assert not s.digests and not s.names
+
+
+def test_an_extent_named_with_two_lengths_keeps_the_shared_count_whole():
+    """A chunk shortened in place (a truncate that keeps its unit) names its extent with a shorter
+    length while the longer naming is replaced: the extent's first length counts for every naming,
+    so the shared bytes never go below zero and come back to zero when one naming is left (the
+    model test saw -2380 when each naming counted its own length)."""
+    import stat as st
+    from ckptfs.fs.namespace import ROOT_INO
+    from ckptfs.store.durable import DurableState
+    s = DurableState(Allocator([8]))
+    for r in (("begin", 1, ROOT_INO + 1), ("attrs", ROOT_INO, st.S_IFDIR | 0o755, 0, 0, 0, 0, 0), ("snapend",)):
+        s.apply(r)
+    s.apply(("make", ROOT_INO, b"a", st.S_IFREG | 0o644, 0, 0, 0, b"", 2, 1))
+    s.apply(("make", ROOT_INO, b"b", st.S_IFREG | 0o644, 0, 0, 0, b"", 3, 1))
+    s.apply(("content", 2, 5000, 1, 1, [(0, Extent(0, 0, 5000, 1))]))
+    s.apply(("content", 2, 300, 2, 2, [(0, Extent(0, 0, 300, 2))]))  # a: shortened in place
+    assert s.shared_bytes == 0 and s.namings(Extent(0, 0, 300, 2)) == 1
+    s.apply(("content", 3, 300, 2, 2, [(0, Extent(0, 0, 300, 2))]))  # b shares the short one
+    assert s.shared_bytes == 5000 and s.shared(3) == 300  # (the extent's first length stands for all)
+    s.apply(("content", 3, 100, 3, 3, [(0, Extent(0, 0, 100, 3))]))  # b shortened in place too
+    assert s.shared_bytes == 5000
+    s.apply(("unlink", ROOT_INO, b"a", 4))
+    assert s.shared_bytes == 0 and s.namings(Extent(0, 0, 100, 3)) == 1
+    s.apply(("unlink", ROOT_INO, b"b", 4))
+    assert s.shared_bytes == 0 and not s.names and s.alloc.refs(0, 0) == 0
 
 
 def test_a_frame_carries_the_digests_of_extents_it_names_first_and_the_next_index_starts_from_them():

@@ -31,6 +31,7 @@ from .allocator import Allocator
 from .dedupe import CAPACITY as DIGESTS_KEPT  # extents whose digest the state keeps
 
 FileExtents = dict[int, Extent]  # a file's durable contents: chunk index -> where it is stored
+_COUNT = (1 << 32) - 1  # the count bits of a `names` value
 DIGESTS_PER_RECORD = 1024  # items per `digests` record of a snapshot (DIGEST_ITEM bytes each)
 
 
@@ -49,31 +50,42 @@ class DurableState:
         self.ns = Namespace(clock=lambda: 0, on_drop=self._dropped)
         self.files: dict[int, FileExtents] = {}  # regular file ino -> its durable extents
         self.epoch = 0
-        self.names: dict[int, int] = {}  # address_key(extent) -> chunks naming it (more: shared)
-        self.shared_bytes = 0  # bytes a naming saved: each extent's length once per naming after the first
+        # address_key(extent) -> how many chunks name it (more than one: shared), and the length
+        # its first naming gave it: `length << 32 | count`, one int
+        self.names: dict[int, int] = {}
+        # each named extent's first length once per naming after the first: what the devices would
+        # hold more without dedupe (a chunk shortened in place names its extent with a shorter
+        # length a while: the first length stands for all, so the sum never drifts)
+        self.shared_bytes = 0
         # address_key(extent) -> (extent, its content digest), newest last: named extents only
         self.digests: OrderedDict[int, tuple[Extent, bytes]] = OrderedDict()
 
+    def namings(self, ext: Extent) -> int:
+        """How many chunks name the extent at `ext`'s place."""
+        return self.names.get(address_key(ext), 0) & _COUNT
+
     def _named(self, ext: Extent) -> None:
         key = address_key(ext)
-        n = self.names.get(key, 0)
-        self.names[key] = n + 1
-        if n:
-            self.shared_bytes += ext.length
+        v = self.names.get(key)
+        if v is None:
+            self.names[key] = ext.length << 32 | 1
+        else:
+            self.names[key] = v + 1
+            self.shared_bytes += v >> 32
 
     def _unnamed(self, ext: Extent) -> None:
         key = address_key(ext)
-        n = self.names.pop(key)
-        if n > 1:
-            self.names[key] = n - 1
-            self.shared_bytes -= ext.length
+        v = self.names.pop(key)
+        if v & _COUNT > 1:
+            self.names[key] = v - 1
+            self.shared_bytes -= v >> 32
         else:
             self.digests.pop(key, None)
         self.alloc.release(ext.dev, ext.unit)
 
     def shared(self, ino: int) -> int:
         """Bytes of file `ino`'s durable contents that another chunk also names (--dedupe)."""
-        return sum(e.length for e in self.files.get(ino, {}).values() if self.names.get(address_key(e), 0) > 1)
+        return sum(e.length for e in self.files.get(ino, {}).values() if self.namings(e) > 1)
 
     def _dropped(self, inode: Inode) -> None:
         for ext in self.files.pop(inode.ino, {}).values():
