@@ -58,6 +58,7 @@ any_path = st.one_of(paths, dirs.filter(bool))
 offsets = st.one_of(st.integers(0, 3 * CHUNK + 5), st.sampled_from([CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK]))
 sizes = st.one_of(st.integers(0, 2 * CHUNK + 7), st.sampled_from([0, 1, CHUNK - 1, CHUNK, CHUNK + 1]))
 # runs of one byte, often a whole chunk of 0x5A: identical chunks, which --dedupe shares
+TWINS, TWIN = ("e/b", "d/f/a"), bytes([0x5A]) * (2 * CHUNK + 10)
 payload = st.builds(lambda n, b: bytes([b]) * n if n > 64 else os.urandom(n),
                     st.one_of(st.integers(0, CHUNK + 100), st.just(CHUNK)),
                     st.one_of(st.integers(1, 255), st.just(0x5A)))
@@ -116,9 +117,10 @@ def holes_read_as_zeros(fd: int) -> None:
                 ids=["roomy", "tight-memory", "tight-dedupe"])
 def mnt(request, tmp_path_factory):
     """Three mounts: plenty of memory; 16 chunks only (writes wait for the drain, reads fetch
-    evicted chunks back from the devices); and the same with --dedupe on (the payloads' runs of
-    one byte make identical chunks: files share extents, which are overwritten, truncated and
-    deleted under each other and read back after eviction)."""
+    evicted chunks back from the devices); and the same with --dedupe on (two files of one byte
+    from the start, and the payloads' runs of one byte, make identical chunks: files share
+    extents, which are overwritten, truncated and deleted under each other and read back after
+    eviction)."""
     memory, dedupe = request.param
     m = CkptMount(tmp_path_factory.mktemp("model"), memory=memory,
                   extra=("--chunk-size", str(CHUNK), "--dedupe", dedupe))
@@ -207,6 +209,8 @@ class FsModel(RuleBasedStateMachine):
                 (root / d).mkdir()
             for p, data in files:
                 (root / p).write_bytes(data)
+            for p in TWINS:  # identical chunks from the start (--dedupe shares them)
+                (root / p).write_bytes(TWIN)
 
     # ---- whole-file and namespace rules ----------------------------------------
     @rule(p=paths, data=payload)
