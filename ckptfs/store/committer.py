@@ -8,8 +8,9 @@ that does not split an atomic group. It flushes the devices holding data
 written since the last commit, writes the frame at the journal tail on every
 device, flushes again, applies the records to the durable state and reports
 the batch committed. With `--dedupe on` a frame also carries the digests of
-the extents its `content` records name for the first time (dedupe.py). A batch that nobody waits for (no fsync, syncfs or
-unmount: `CommitHost.urgent()`) first lingers LINGER seconds for company:
+the extents its `content` records name for the first time (dedupe.py). A
+batch that nobody waits for (no fsync, syncfs or unmount:
+`CommitHost.urgent()`) first lingers LINGER seconds for company:
 back-to-back metadata operations (a chmod loop, a checkpoint's renames and
 copystat) then share one frame, one device flush and one wake-up of the trio
 thread instead of paying each per operation; a sync arriving meanwhile
@@ -179,7 +180,8 @@ class Committer:
         """Write a snapshot of the durable state at the start of the other half, then go on there."""
         durable = self.host.durable
         epoch = durable.epoch + 1
-        recs = [Begin(epoch, durable.ns.next_ino), Stamp(time.time_ns()), *durable.snapshot(self.sb.journal_half // DIGEST_SHARE), Snapend()]
+        recs = [Begin(epoch, durable.ns.next_ino), Stamp(time.time_ns()),
+                *durable.snapshot(self.sb.journal_half // DIGEST_SHARE), Snapend()]
         frames, seq = [], self.seq
         step = 2000
         for i in range(0, len(recs), step):

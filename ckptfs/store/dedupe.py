@@ -101,6 +101,13 @@ class ContentIndex:
         if flight.event is not None:
             flight.event.set()
 
+    def land_rest(self, led) -> None:
+        """Land with None each flight of `led` ((digest, Flight) pairs) not landed yet: its write
+        did not happen or was not kept."""
+        for d, flight in led:
+            if not flight.done:
+                self.land(d, flight, None)
+
     def add(self, d: bytes, ext: Extent, journaled: bool = False) -> None:
         """A chunk with digest `d` was written to `ext` (`journaled`: the journal says so already)."""
         if d in self.by_digest:

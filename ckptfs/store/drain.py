@@ -343,9 +343,8 @@ class Drainer:
                 stats.write_ended()
             await self._written(dev, jobs, results, led, sharing)
         finally:
-            for d, flight in led:  # (nothing waits for a write that did not happen)
-                if not flight.done:
-                    h.dedupe.land(d, flight, None)
+            if led:  # nothing waits for a write that did not happen
+                h.dedupe.land_rest(led)
 
     async def _written(self, dev: int, jobs: list, results: list, led: list, sharing: int) -> None:
         """Account for the runs `_write_runs` wrote: each chunk drained into its extent, or into
@@ -389,9 +388,8 @@ class Drainer:
                     if flights[i] is not None:
                         h.dedupe.land(digests[i], flights[i], ext)
                 h.drained(chunk, ext)
-        for d, flight in led:  # every flight of this job lands before any wait (or two jobs could
-            if not flight.done:  # wait for each other)
-                h.dedupe.land(d, flight, None)
+        if led:  # every flight of this job lands before any wait (or two jobs could wait for each other)
+            h.dedupe.land_rest(led)
         for p, flight, d, crc in waiting:
             if not flight.done:
                 if flight.event is None:
@@ -455,13 +453,10 @@ class Drainer:
         thread hop per chunk. Short runs (a file sharing chunks with others, --dedupe) are
         gathered per device, `fetch_run` chunks to a task and one worker-thread job (a `preadv`
         per run inside); a long run keeps a task of its own, so runs still load in parallel."""
-        cs, step = self.host.chunk_size, self.host.alloc.per_unit
         todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks if self._missing(c))
         runs: list[list[Chunk]] = []
-        for dev, unit, _, c in todo:
-            last = runs[-1][-1].extent if runs else None
-            if (last is None or dev != last.dev or unit != last.unit + step or round_up(last.length) != cs
-                    or len(runs[-1]) >= self.fetch_run):
+        for _, _, _, c in todo:
+            if not runs or not self._follows(runs[-1][-1].extent, c.extent) or len(runs[-1]) >= self.fetch_run:
                 runs.append([])
             runs[-1].append(c)
         short: dict[int, list[Chunk]] = {}
@@ -475,6 +470,11 @@ class Drainer:
                 self.nursery.start_soon(self._prefetch_batch, short.pop(run[0].extent.dev))
         for batch in short.values():
             self.nursery.start_soon(self._prefetch_batch, batch)
+
+    def _follows(self, prev: Extent, ext: Extent) -> bool:
+        """Does `ext` start where the whole chunk at `prev` ends, on the same device (one read)?"""
+        return (ext.dev == prev.dev and ext.unit == prev.unit + self.host.alloc.per_unit
+                and round_up(prev.length) == self.host.chunk_size)
 
     async def _prefetch_batch(self, batch: list[Chunk]) -> None:
         try:
@@ -512,10 +512,8 @@ class Drainer:
         try:
             views = [h.arena.view(slot)[:round_up(e.length)] for slot, e in zip(slots, exts)]
             runs: list[tuple[list, list, int]] = []
-            step, cs = h.alloc.per_unit, h.chunk_size
             for i, (e, v) in enumerate(zip(exts, views)):
-                last = exts[i - 1] if i else None
-                if last is None or e.unit != last.unit + step or round_up(last.length) != cs:
+                if not i or not self._follows(exts[i - 1], e):
                     runs.append(([], [], h.sbs[dev].unit_offset(e.unit)))
                 runs[-1][0].append(v)
                 runs[-1][1].append(e.length)
