@@ -407,7 +407,7 @@ def _replication(args, chunk: int, restored_pool: str | None) -> dict:
     """The --replicate options, checked (one line, exit 2), and the object store tried once: the
     endpoint must answer, the credentials be accepted and the bucket exist. MountConfig fields."""
     from .replicate.manifest import parse_url
-    from .replicate.replicator import part_size
+    from .replicate.segments import segment_size
     from .replicate.priority import DEFAULT_PRIORITY
 
     if not args.replicate:
@@ -424,9 +424,9 @@ def _replication(args, chunk: int, restored_pool: str | None) -> dict:
     rate = parse_size(args.replicate_rate, what="--replicate-rate") if args.replicate_rate else None
     memory = parse_size(args.replicate_memory, what="--replicate-memory")
     policy = replicas_cli.policy(args, "replicate-")
-    if memory < part_size(0, chunk):
-        raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one upload part "
-                         f"({part_size(0, chunk) >> 20}M)")
+    if memory < segment_size(chunk):
+        raise UsageError(f"--replicate-memory {args.replicate_memory} is too small: it must hold one segment "
+                         f"({segment_size(chunk) >> 20}M)")
     if not args.no_replicate_check:
         from .replicate import lineage
         from .replicate.client import S3Error, Target, transient

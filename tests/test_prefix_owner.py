@@ -201,4 +201,4 @@ def test_two_writers_of_one_generation_the_first_stays_and_the_second_stops(s3, 
     assert rep.conflict.cause == CONFLICT and "manifest 1 (pool abababababababab)" in str(rep.conflict)
     assert client.get_object(Bucket=bucket, Key="race/" + manifest_name(1))["Body"].read() == other.encode()
     assert stats.manifests_written == 0 and stats.objects_deleted == 0 and stats.manifests_deleted == 0
-    assert stats.objects_uploaded == 1 and any(k.startswith("race/objects/") for k in keys(client, bucket))
+    assert stats.objects_uploaded == 1 and any(k.startswith("race/segments/") for k in keys(client, bucket))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 
 import pytest
 
@@ -124,7 +125,7 @@ def test_history_brings_back_a_file_deleted_or_overwritten_on_the_node(tmp_path,
     after = manifests(s3.client(), bucket)
     assert list(after) == [max(before)]
     listed = {o["Key"][len("node0/"):] for o in
-              s3.client().list_objects_v2(Bucket=bucket, Prefix="node0/objects/").get("Contents", [])}
+              s3.client().list_objects_v2(Bucket=bucket, Prefix="node0/segments/").get("Contents", [])}
     assert listed == after[max(before)].objects()
     verify(s3, url)
 
@@ -277,39 +278,51 @@ def test_a_training_loop_saving_every_step_through_a_store_outage_loses_nothing(
     verify(s3, url)
 
 
-def test_an_upload_the_store_forgot_after_a_daemon_kill_is_sent_again(tmp_path, s3, bucket):
-    """The daemon killed during a multipart upload; the remounted daemon resumes it, and the store
-    then forgets it (aborted from outside, as a lifecycle rule for incomplete uploads does): the
-    next call fails with NoSuchUpload and the object is sent again from its first part, with one
-    warning line; the manifest names it whole."""
+def test_a_copy_is_uploaded_once_and_a_restore_fetches_it_once(tmp_path, s3, bucket):
+    """`shutil.copy` of a checkpoint inside the mount, and a second save of it with one region
+    changed: the copy uploads nothing (its segments are the original's), the changed save only
+    the segment it touched; a fresh pool restoring all three GETs each segment once, and every
+    file comes back bit-exact, through the mount and through `replicas restore`."""
     url = f"s3://{bucket}/node0"
-    client = s3.client()
-    m = replicating(tmp_path, s3, bucket, "--replicate-rate", "16M")
+    m = replicating(tmp_path, s3, bucket)
+    data = os.urandom(12 * MiB + 5)
+    changed = bytearray(data)
+    changed[5 * MiB:5 * MiB + 100] = os.urandom(100)
     try:
-        data = os.urandom(96 * MiB + 5)
-        (m.path / "big.bin").write_bytes(data)
-        assert ckptfs("wait", str(m.path / "big.bin"), timeout=60).returncode == 0
-        poll(lambda: replication(m)["bytes_uploaded"] > 0, "the upload to start", timeout=60)
-        m.kill()
-        m.mount()
-        poll(lambda: replication(m)["bytes_uploaded"] > 0, "the resumed upload to send a part", timeout=60)
-        uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-        assert len(uploads) == 1, uploads
-        client.abort_multipart_upload(Bucket=bucket, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"])
-        m.replicated(timeout=180)
-        log = m.log_text()
-        assert "replicate.resumed" in log and "replicate.upload_restarted" in log, log[-3000:]
-        assert replication(m)["errors"].get("other", 0) >= 1
-        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), "an upload was left behind"
-        gens = manifests(client, bucket)
-        assert check_complete(client, bucket, gens[max(gens)])["big.bin"] == data
+        (m.path / "a.pt").write_bytes(data)
+        m.replicated(timeout=120)
+        first = replication(m)["bytes_uploaded"]
+        shutil.copy(m.path / "a.pt", m.path / "copy.pt")
+        (m.path / "b.pt").write_bytes(bytes(changed))
+        m.replicated(timeout=120)
+        rep = replication(m)
     finally:
         m.close()
+    assert first == len(data), first
+    assert rep["bytes_uploaded"] - first == 4 * MiB, rep  # the one 4 MiB segment that changed
+    assert rep["bytes_shared"] == 2 * len(data) - 4 * MiB, rep
+    client = s3.client()
+    gens = manifests(client, bucket)
+    newest = gens[max(gens)]
+    assert len(newest.objects()) == 5, newest.objects()  # 4 segments of a.pt, and b.pt's changed one
+    r = CkptMount(tmp_path / "restored")
+    r.mount("--restore-from", url, "--s3-endpoint", s3.endpoint)
+    try:
+        want = {"a.pt": data, "copy.pt": data, "b.pt": bytes(changed)}
+        assert {n: (r.path / n).read_bytes() for n in want} == want
+        assert ckptfs("wait", str(r.path), timeout=120).returncode == 0
+        fetched = r.status()["restore"]["bytes_fetched"]
+        assert fetched == len(data) + 4 * MiB, fetched  # each segment once
+    finally:
+        r.close()
+    out = tmp_path / "back"
+    replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint)
+    assert {n: (out / n).read_bytes() for n in want} == want
     verify(s3, url)
 
 
 def test_a_file_of_2_gib_replicates_and_restores_bit_exact(tmp_path, s3, bucket):
-    """2 GiB and a few bytes (more than 256 parts of 8 MiB, more than the daemon's memory): replicated
+    """2 GiB and a few bytes (513 segments, more than the daemon's memory): replicated
     with the default part memory, verified by reading every chunk, and restored by
     `ckptfs replicas restore` to the same SHA-256."""
     import hashlib
@@ -343,8 +356,8 @@ def test_a_file_of_2_gib_replicates_and_restores_bit_exact(tmp_path, s3, bucket)
 
 
 def test_server_side_encryption_and_storage_class_reach_every_object(tmp_path, s3, bucket):
-    """--s3-sse AES256 and --s3-storage-class STANDARD_IA: every object written (a single PUT, a
-    multipart upload, the manifest) carries both, and the history restores as usual. (aws:kms needs
+    """--s3-sse AES256 and --s3-storage-class STANDARD_IA: every object written (each segment, the
+    manifest) carries both, and the history restores as usual. (aws:kms needs
     a KMS the test server does not have: the argument checks are in test_replicate_unit.py.)"""
     url = f"s3://{bucket}/node0"
     m = replicating(tmp_path, s3, bucket, "--s3-sse", "AES256", "--s3-storage-class", "STANDARD_IA")
@@ -357,7 +370,7 @@ def test_server_side_encryption_and_storage_class_reach_every_object(tmp_path, s
         m.close()
     client = s3.client()
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="node0/").get("Contents", [])]
-    assert any("/manifests/" in k for k in keys) and sum("/objects/" in k for k in keys) == 2, keys
+    assert any("/manifests/" in k for k in keys) and sum("/segments/" in k for k in keys) == 1 + 6, keys
     for key in keys:
         head = client.head_object(Bucket=bucket, Key=key)
         assert (head.get("ServerSideEncryption"), head.get("StorageClass")) == ("AES256", "STANDARD_IA"), key
@@ -382,7 +395,7 @@ def test_verify_finds_a_missing_object_a_short_one_and_damaged_bytes(tmp_path, s
     verify(s3, url)
     client = s3.client()
     newest = manifests(client, bucket)
-    entries = {e.path: e.object for e in newest[max(newest)].entries if e.object}
+    entries = {e.path: e.segments[0] for e in newest[max(newest)].entries if e.segments}  # one segment each
     key = {p: f"node0/{o}" for p, o in entries.items()}
     body = client.get_object(Bucket=bucket, Key=key["c.bin"])["Body"].read()
     client.put_object(Bucket=bucket, Key=key["c.bin"], Body=body[:MiB] + bytes(len(body) - MiB))  # same size
@@ -411,7 +424,7 @@ def test_verify_finds_a_missing_object_a_short_one_and_damaged_bytes(tmp_path, s
 
 def test_a_pool_restored_from_the_store_uploads_only_what_changed_since(tmp_path, s3, bucket):
     """The replacement of a lost node restores from its prefix and replicates back to it: the files
-    it brought back unchanged are named by the objects they came from, so nothing is uploaded
+    it brought back unchanged are named by the versions they came from, so nothing is uploaded
     again, after a kill -9 and a remount too; a file rewritten in place after the restore and a
     new file are uploaded, and the newest manifest holds every file bit-exact."""
     url = f"s3://{bucket}/node0"

@@ -1,10 +1,11 @@
-"""Replication without an object store: snapshots of the durable state, per-piece CRCs, GC (pure).
+"""Replication without an object store: snapshots of the durable state, per-piece CRCs, segment keys, GC (pure).
 
 `snapshot.take` must describe exactly the durable tree (parents before children, hard links
-sharing one object, symlinks, xattrs), name each file version by a content key that changes
+sharing one version, symlinks, xattrs), name each file version by a key that changes
 with its contents and only then, and give CRCs that match the bytes a restore would fetch
-(holes and short chunks read as zeros). `unreferenced` keeps every object a kept manifest
-names.
+(holes and short chunks read as zeros). A segment's key from the journal's digests must be the
+one its bytes give, and equal bytes at equal places in two versions share it. `unreferenced`
+keeps every object a kept manifest names, segments and format 1's whole objects alike.
 """
 import stat
 
@@ -15,11 +16,12 @@ from hypothesis import strategies as st
 
 from ckptfs.format.records import Extent
 from ckptfs.fs.namespace import ROOT_INO
-from ckptfs.replicate.manifest import Entry, Manifest, parse_url, unreferenced
-from ckptfs.replicate.replicator import MAX_PARTS, part_size
-from ckptfs.replicate.plan import ORIGIN_XATTR
-from ckptfs.replicate.snapshot import piece_crcs, same_tree, take
+from ckptfs.replicate import segments
+from ckptfs.replicate.manifest import BadManifest, Entry, Manifest, parse_url, unreferenced
+from ckptfs.replicate.plan import ORIGIN_XATTR, runs
+from ckptfs.replicate.snapshot import name_segments, piece_crcs, same_tree, take
 from ckptfs.store.allocator import Allocator
+from ckptfs.store.dedupe import digest
 from ckptfs.store.durable import DurableState
 
 CHUNK = 4096
@@ -34,15 +36,23 @@ def fresh() -> DurableState:
     return s
 
 
-def content(s: DurableState, ino: int, data: bytes, mtime: int, start_unit: int, holes=()) -> None:
+def content(s: DurableState, ino: int, data: bytes, mtime: int, start_unit: int, holes=(),
+            digests: bool = False) -> None:
+    """File `ino` holds `data` (chunks in `holes` only up to their last non-zero byte, or not at all);
+    with `digests`, the journal also has each extent's digest (as with --dedupe on)."""
     exts = []
+    found = []
     for i in range(0, len(data), CHUNK):
         idx = i // CHUNK
         piece = data[i:i + CHUNK].rstrip(b"\0") if idx in holes else data[i:i + CHUNK]
         if idx in holes and not piece:
             continue
-        exts.append((idx, Extent(idx % 2, start_unit + idx, len(piece), crc32c.crc32c(piece))))
+        ext = Extent(idx % 2, start_unit + idx, len(piece), crc32c.crc32c(piece))
+        exts.append((idx, ext))
+        found.append((ext, digest(piece)))
     s.apply(("content", ino, len(data), mtime, mtime, exts))
+    if digests:
+        s.apply(("digests", found))
 
 
 def tree() -> DurableState:
@@ -71,8 +81,13 @@ def test_snapshot_lists_the_durable_tree_parents_first_with_one_object_per_versi
     assert by["d/f"].xattrs == {b"user.a": b"1"} and by["d/f"].size == 10000
     assert by["l"].target == b"d/f" and not by["l"].object
     assert by["d/e/empty"].size == 0 and by["d/e/empty"].crcs == []
-    assert len(versions) == 2 and m.objects() == set(versions)
+    assert len(versions) == 2 and {e.object for e in m.entries if e.object} == set(versions)
     assert (m.generation, m.journal_seq, m.pool, m.chunk_size) == (3, 7, "p", CHUNK)
+    assert all(v.segments is None for v in versions.values() if v.size)  # no digests: named from the bytes
+    for v in versions.values():
+        v.segments = [f"segments/{v.key}-{i}" for i in range(segments.count(v.size, m.segment_size))]
+    name_segments(m, versions)
+    assert m.objects() == {k for v in versions.values() for k in v.segments}
     assert Manifest.decode(m.encode()).encode() == m.encode()
 
 
@@ -101,17 +116,18 @@ def test_content_key_changes_with_the_contents_and_only_then():
 def test_a_restored_file_is_named_by_the_object_it_came_from_until_its_bytes_change():
     s = tree()
     content(s, 3, b"r" * 10000, 12, 0)
-    s.apply(("setxattr", 3, ORIGIN_XATTR, b"objects/" + b"a" * 40))  # what a whole restore journals
-    m1, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1)
+    s.apply(("setxattr", 3, ORIGIN_XATTR, b"a" * 40))  # what a whole restore journals
+    m1, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1, known={"a" * 40: ["segments/s"]})
     e = {e.path: e for e in m1.entries}["d/f"]
-    assert e.object == "objects/" + "a" * 40 and ORIGIN_XATTR not in e.xattrs
+    assert e.object == "a" * 40 and ORIGIN_XATTR not in e.xattrs
+    assert versions[e.object].segments == ["segments/s"]  # the restored version's, known: nothing to read
     assert e.crcs == piece_crcs(10000, CHUNK, dict(s.files[3]))  # the local bytes are the object's
     assert versions[e.object].extents == dict(s.files[3])
     s.apply(("removexattr", 3, ORIGIN_XATTR))  # a write drops it (core.py) before its contents commit
     content(s, 3, b"w" * 10000, 13, 20)
     m2, _ = take(s, pool="p", seq=2, chunk_size=CHUNK, time_ns=2)
     new = {e.path: e for e in m2.entries}["d/f"].object
-    assert new != e.object and new.startswith("objects/")
+    assert new != e.object and len(new) == 40
 
 
 @settings(max_examples=60, deadline=None)
@@ -130,20 +146,66 @@ def test_piece_crcs_match_the_bytes_a_restore_reads(size, holes, fill):
 
 
 def test_gc_keeps_what_the_kept_manifests_name():
-    def manifest(gen, objs):
+    def manifest(gen, objs):  # format 1: one object per version
         return Manifest(gen, "p", gen, gen, CHUNK,
-                        [Entry(f"f{i}", REG, 0, 0, 0, ino=i, object=o) for i, o in enumerate(objs)])
+                        [Entry(f"f{i}", REG, 0, 0, 0, ino=i, size=1, object=o) for i, o in enumerate(objs)])
     kept = [manifest(4, ["objects/a", "objects/b"]), manifest(5, ["objects/b", "objects/c"])]
-    assert unreferenced({"objects/a", "objects/b", "objects/c", "objects/old"}, kept) == {"objects/old"}
+    seg = Manifest(6, "p", 6, 6, CHUNK, [Entry("g", REG, 0, 0, 0, ino=9, size=CHUNK + 1, object="v",
+                                               segments=["segments/s", "segments/t"])], segment_size=CHUNK)
+    stored = {"objects/a", "objects/b", "objects/c", "objects/old", "segments/s", "segments/t", "segments/u"}
+    assert unreferenced(stored, kept + [seg]) == {"objects/old", "segments/u"}
     assert unreferenced({"objects/x"}, []) == {"objects/x"}
+    assert seg.pieces(seg.entries[0]) == [("segments/s", 0, CHUNK), ("segments/t", CHUNK, 1)]
 
 
-def test_part_size_is_whole_chunks_and_fits_the_part_limit():
-    assert part_size(0, 1 << 20) == 8 << 20
-    assert part_size(0, 16 << 20) == 16 << 20
-    big = 200 << 30
-    p = part_size(big, 1 << 20)
-    assert p % (1 << 20) == 0 and -(-big // p) <= MAX_PARTS
+def test_a_manifest_with_the_wrong_number_of_segments_is_refused():
+    m = Manifest(1, "p", 1, 1, CHUNK, [Entry("g", REG, 0, 0, 0, ino=9, size=3 * CHUNK, object="v",
+                                             segments=["segments/s"])], segment_size=2 * CHUNK)
+    with pytest.raises(BadManifest, match="1 segments for"):
+        Manifest.decode(m.encode())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 7 * CHUNK), st.sets(st.integers(0, 7)), st.integers(1, 255), st.sampled_from([1, 2, 3]))
+def test_segment_keys_from_the_journal_are_the_keys_of_the_bytes(size, holes, fill, per):
+    """The key `take` names a segment by (from the digests the journal keeps) is the key its bytes
+    give (what the replicator computes when a digest is missing), holes and zero tails included."""
+    data = bytearray(bytes([fill]) * size)
+    for idx in holes:
+        start = idx * CHUNK + (CHUNK // 3 if idx % 2 else 0)
+        data[start:(idx + 1) * CHUNK] = bytes(max(0, min(size, (idx + 1) * CHUNK) - start))
+    s = fresh()
+    s.apply(("make", ROOT_INO, b"f", REG, 0, 0, 0, b"", 2, 1))
+    content(s, 2, bytes(data), 1, 0, holes=holes, digests=True)
+    seg = per * CHUNK
+    _, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1, segment_size=seg)
+    (v,) = versions.values()
+    from_bytes = [segments.key_from_bytes(memoryview(bytes(data[i * seg:(i + 1) * seg])), size, CHUNK,
+                                          v.extents, i, seg) for i in range(segments.count(size, seg))]
+    assert v.segments == from_bytes
+
+
+def test_unchanged_segments_of_a_new_version_keep_their_keys():
+    """A file saved again with one chunk changed: only the segment holding it gets a new key, though
+    every extent is new (dedupe off keeps no digests: the bytes give them, as in the replicator)."""
+    s = fresh()
+    s.apply(("make", ROOT_INO, b"a", REG, 0, 0, 0, b"", 2, 1))
+    s.apply(("make", ROOT_INO, b"b", REG, 0, 0, 0, b"", 3, 1))
+    old = bytes(range(256)) * (8 * CHUNK // 256) + b"tail"
+    new = bytearray(old)
+    new[5 * CHUNK + 7] ^= 0xFF
+    content(s, 2, old, 1, 0, digests=True)
+    content(s, 3, bytes(new), 1, 20, digests=True)
+    _, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1, segment_size=2 * CHUNK)
+    a, b = (versions[k].segments for k in sorted(versions, key=lambda k: versions[k].ino))
+    assert len(a) == len(b) == 5
+    assert [x == y for x, y in zip(a, b)] == [True, True, False, True, True]
+
+
+def test_restore_runs_stay_inside_one_segment():
+    assert runs([0, 1, 2, 3, 4, 5, 7], 8, span=2) == [(0, 1), (2, 3), (4, 5), (7, 7)]
+    assert runs([1, 2, 3], 8) == [(1, 3)]
+    assert runs([1, 2, 3], 2) == [(1, 2), (3, 3)]
 
 
 def test_urls():

@@ -187,8 +187,9 @@ def _replication_lines(rep: dict) -> list:
             if rep.get("manifest_time") else "none yet")
     lines = [Text(f"Replication to {rep['target']}: lag {human_seconds(rep['lag'])}, manifest generation "
                   f"{rep['generation']} ({when}), {rep['objects']} object(s); uploaded "
-                  f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} object(s)"
-                  + (f" (and {human_bytes(rep['bytes_resumed'])} resumed)" if rep.get("bytes_resumed") else "")
+                  f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} segment(s)"
+                  + (f", {human_bytes(rep['bytes_shared'])} of new versions already stored"
+                     if rep.get("bytes_shared") else "")
                   + ("" if rep["started"] or stopped else "; starting"))]
     up = rep.get("uploader")
     if up and up.get("starts"):

@@ -42,7 +42,8 @@ With --replicate (replicate/replicator.py):
 
     replication_lag_seconds     how long the oldest durable change not yet in a standing
                                 manifest of the object store has waited
-    replication_bytes_uploaded_total, replication_objects_uploaded_total
+    replication_bytes_uploaded_total, replication_objects_uploaded_total (segments)
+    replication_bytes_shared_total    bytes of new file versions the store held already
     replication_manifest_generation   the newest manifest's generation
     replication_errors_total{cause}   failed object-store calls (auth, no-bucket, network,
                                 throttled, server, other, device, uploader), each retried
@@ -217,8 +218,10 @@ def _replication_families(rep: dict) -> list:
                           "standing manifest of the object store has waited.", value=rep["lag"]),
         CounterMetricFamily("ckptfs_replication_bytes_uploaded", "File bytes uploaded to the object store.",
                             value=rep["bytes_uploaded"]),
-        CounterMetricFamily("ckptfs_replication_objects_uploaded", "File versions uploaded to the object store.",
+        CounterMetricFamily("ckptfs_replication_objects_uploaded", "Segments uploaded to the object store.",
                             value=rep["objects_uploaded"]),
+        CounterMetricFamily("ckptfs_replication_bytes_shared", "Bytes of new file versions not uploaded: the "
+                            "object store held their segments already.", value=rep["bytes_shared"]),
         GaugeMetricFamily("ckptfs_replication_manifest_generation", "The newest manifest's generation.",
                           value=rep["generation"]),
         GaugeMetricFamily("ckptfs_replication_failing", "1 while object-store calls fail (retrying), else 0.",

@@ -69,7 +69,9 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       manifest_time, seconds
     replication       (only with --replicate; replicate/replicator.py ReplicationStats) target, started, lag (seconds the oldest
                       durable change not yet in a standing manifest has waited), cycle_running,
-                      bytes_uploaded, objects_uploaded, objects (in the store), generation and
+                      bytes_uploaded, objects_uploaded (segments), bytes_shared (of new
+                      versions, not uploaded: the store held those segments), versions_uploaded,
+                      objects (in the store), generation and
                       manifest_time (the newest manifest), journal_seq (its state), covered_seq,
                       manifests_written, objects_deleted, manifests_deleted, keep, rate, memory,
                       read_from_arena, read_from_devices, errors {cause: count}, errors_total,

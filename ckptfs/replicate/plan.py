@@ -19,7 +19,8 @@ that it can be tested without S3 or a mount:
   manifest's length and CRC-32C (the pool uses the manifest's chunk size, so
   a pool chunk is a manifest chunk and its extent's checksum is the
   manifest's);
-- `runs`: missing chunks grouped into ranged GETs of consecutive chunks;
+- `runs`: missing chunks grouped into ranged GETs of consecutive chunks
+  of one object;
 - `fetch_order`: the background order, newest file first (the checkpoint a
   job resumes from is usually the newest), then by path.
 """
@@ -130,11 +131,12 @@ def missing_chunks(size: int, chunk_size: int, crcs: list[int], extents: dict) -
     return out
 
 
-def runs(indexes: list[int], max_chunks: int) -> list[tuple[int, int]]:
-    """Sorted chunk indexes as (first, last) runs of consecutive chunks, at most `max_chunks` each."""
+def runs(indexes: list[int], max_chunks: int, span: int = 0) -> list[tuple[int, int]]:
+    """Sorted chunk indexes as (first, last) runs of consecutive chunks, at most `max_chunks` each,
+    none across a multiple of `span` chunks (0: no such bound; a run then lies in one segment)."""
     out: list[tuple[int, int]] = []
     for i in sorted(indexes):
-        if out and out[-1][1] == i - 1 and i - out[-1][0] < max_chunks:
+        if out and out[-1][1] == i - 1 and i - out[-1][0] < max_chunks and not (span and i % span == 0):
             out[-1] = (out[-1][0], i)
         else:
             out.append((i, i))

@@ -9,8 +9,9 @@ What `ckptfs replicas ...` runs (cli.py), on a `Target` (client.py), blocking:
                              the manifest of a generation, the newest written at or before
                              a time, or the newest
     verify(target, read_data=False)
-                             every object a manifest names is there with the size it
-                             should have; with read_data every chunk's CRC-32C too
+                             every object (segment, or a format 1 file's whole object) a
+                             manifest names is there with the size it should have; with
+                             read_data every chunk's CRC-32C too, each object read once
     restore(target, manifest, directory, paths=None, progress=None)
                              plain files into a directory, no mount: directories, files
                              (each chunk checked against its CRC-32C, written to a
@@ -40,6 +41,7 @@ import crc32c
 from . import plan, retention
 from .client import Target
 from .manifest import OBJECTS, BadManifest, Manifest, manifest_name, unreferenced
+from .segments import SEGMENTS
 
 GRACE = 3600.0  # seconds an unnamed object is left to a daemon that may be about to name it
 RANGE_BYTES = 16 << 20  # one GET reads at most this much of an object
@@ -117,44 +119,61 @@ def _span(gens: list[int]) -> str:
     return f"{gens[0]}" if len(gens) == 1 else f"{gens[0]}..{gens[-1]}, {len(gens)} in all"
 
 
+def _stored(target: Target, detailed: bool = False) -> dict:
+    """Every object under the prefix that holds file bytes: relative key -> size (or (size, time))."""
+    listing = target.list_detailed if detailed else target.list
+    return {**listing(OBJECTS), **listing(SEGMENTS)}
+
+
 def verify(target: Target, read_data: bool = False, progress=None) -> list[str]:
     """Problems found (empty: every manifest decodes, and every object one names is there with its
     size, and with `read_data` its chunks' CRC-32Cs)."""
     problems: list[str] = []
-    objects = target.list(OBJECTS)
+    objects = _stored(target)
     checked: set[str] = set()
     for g, m in _manifests(target):
         if isinstance(m, BadManifest):
             problems.append(f"generation {g}: {m}")
             continue
         for e in m.entries:
-            if not stat.S_ISREG(e.mode) or not e.size or e.object in checked:
+            if not stat.S_ISREG(e.mode):
                 continue
-            checked.add(e.object)
-            got = objects.get(e.object)
-            if got is None:
-                problems.append(f"generation {g}: {e.path}: object {e.object} is missing")
-            elif got != e.size:
-                problems.append(f"generation {g}: {e.path}: object {e.object} holds {got} bytes, not {e.size}")
-            elif read_data:
-                problems += [f"generation {g}: {e.path}: {p}" for p in _check_object(target, e, m.chunk_size)]
-            if progress is not None:
-                progress(len(checked))
+            for key, off, length in m.pieces(e):
+                if key in checked:
+                    continue
+                checked.add(key)
+                got = objects.get(key)
+                if got is None:
+                    problems.append(f"generation {g}: {e.path}: object {key} is missing")
+                elif got != length:
+                    problems.append(f"generation {g}: {e.path}: object {key} holds {got} bytes, not {length}")
+                elif read_data:
+                    problems += [f"generation {g}: {e.path}: {p}"
+                                 for p in _check_object(target, e, m.chunk_size, key, off, length)]
+                if progress is not None:
+                    progress(len(checked))
     return problems
 
 
-def _chunks(target: Target, entry, chunk_size: int):
-    """(index, bytes) of each chunk of `entry`'s object, read in ranged GETs."""
+def _object_chunks(target: Target, key: str, off: int, length: int, chunk_size: int):
+    """(file chunk index, bytes) of each chunk of object `key`, which holds the file's bytes
+    [off, off + length), read in ranged GETs."""
     step = max(chunk_size, RANGE_BYTES // chunk_size * chunk_size)
-    for start in range(0, entry.size, step):
-        data = memoryview(target.get(entry.object, start, min(entry.size, start + step)))
-        for off in range(0, len(data), chunk_size):
-            yield (start + off) // chunk_size, data[off:off + chunk_size]
+    for start in range(0, length, step):
+        data = memoryview(target.get(key, start, min(length, start + step)))
+        for pos in range(0, len(data), chunk_size):
+            yield (off + start + pos) // chunk_size, data[pos:pos + chunk_size]
 
 
-def _check_object(target: Target, entry, chunk_size: int) -> list[str]:
+def _chunks(target: Target, manifest: Manifest, entry):
+    """(index, bytes) of each chunk of file `entry`, object by object."""
+    for key, off, length in manifest.pieces(entry):
+        yield from _object_chunks(target, key, off, length, manifest.chunk_size)
+
+
+def _check_object(target: Target, entry, chunk_size: int, key: str, off: int, length: int) -> list[str]:
     return [f"chunk {i}: CRC-32C {crc32c.crc32c(b):08x}, the manifest says {entry.crcs[i]:08x}"
-            for i, b in _chunks(target, entry, chunk_size) if crc32c.crc32c(b) != entry.crcs[i]]
+            for i, b in _object_chunks(target, key, off, length, chunk_size) if crc32c.crc32c(b) != entry.crcs[i]]
 
 
 def restore(target: Target, manifest: Manifest, directory: str | os.PathLike, paths: list[str] | None = None,
@@ -198,11 +217,11 @@ def restore(target: Target, manifest: Manifest, directory: str | os.PathLike, pa
             tmp = dest.with_name(f".{dest.name}.ckptfs-restore")
             with open(tmp, "wb") as f:
                 if e.size:
-                    for i, b in _chunks(target, e, manifest.chunk_size):
+                    for i, b in _chunks(target, manifest, e):
                         if crc32c.crc32c(b) != e.crcs[i]:
                             f.close()
                             tmp.unlink()
-                            raise ReplicaError(f"{e.path}: chunk {i} of object {e.object} does not match its "
+                            raise ReplicaError(f"{e.path}: chunk {i} of version {e.object} does not match its "
                                                f"CRC-32C: not restored")
                         f.write(b)
                         done += len(b)
@@ -250,7 +269,7 @@ def prune(target: Target, policy: retention.Policy, now: float | None = None, dr
     times = {g: None if isinstance(m, BadManifest) else m.time_ns / 1e9 for g, m in manifests.items()}
     drop = retention.forget(times, policy, now)
     kept = sorted(g for g in times if g not in drop)
-    listing = target.list_detailed(OBJECTS)
+    listing = _stored(target, detailed=True)
     unnamed = unreferenced(set(listing), [manifests[g] for g in kept if times[g] is not None])
     old = sorted(k for k in unnamed if now - listing[k][1] >= grace)
     if not dry_run:

@@ -9,32 +9,39 @@ A cycle:
 
 1. **Snapshot.** `snapshot.take` walks the durable state at the current
    journal sequence number: the manifest (every path, attributes, xattrs;
-   per file a content key and per-chunk CRCs) and the file versions it names.
+   per file a version key and per-chunk CRCs) and the file versions it names,
+   with their segments' keys (segments.py) where they are known: the versions
+   already replicated (`known`) and those whose digests the journal keeps.
    Only the newest durable version of each file is there: versions
    superseded before the cycle starts are never uploaded.
-2. **Pin.** The device units of the versions whose objects the store does not
-   hold yet get one more allocator reference each, so a newer version cannot
+2. **Pin.** The device units of the versions with a segment the store does
+   not hold yet (or not known) get one more allocator reference each, so a newer version cannot
    be written over them while they are read; released when the cycle ends.
    A cycle in progress finishes even while the files keep changing (the
    next cycle takes the newest state), so continuous rewrites cannot starve
    replication, as `--max-lag` keeps them from starving the journal.
-3. **Upload** the missing objects: one PUT for a file of at most one part,
-   else a multipart upload with parallel parts. Each part is read
-   (source.py: arena or devices, CRC-checked) into a part buffer; the
-   buffers in use or kept for reuse never exceed `--replicate-memory`
-   (a part larger than that, for a file of more than 10,000 usual parts,
-   goes alone); a token
-   bucket caps the bandwidth (`--replicate-rate`); `connections` calls run
-   at once. The calls are made by the uploader process (uploader.py, at
-   `--replicate-priority`, idle by default), not by the daemon's threads:
-   the part buffers are shared memory both map (partmem.py) and a call
-   names its payload there (uploader_proc.py), so the daemon only reads
-   the parts and never hashes or sends them.
+3. **Upload** the missing segments, one PUT each. A segment is read
+   (source.py: arena or devices, CRC-checked) into a part buffer; one whose
+   key is not known yet is named from those bytes (BLAKE3, in a worker
+   thread), and not sent when the store holds it (`bytes_shared`). A
+   segment two versions share is uploaded once, the second waiting for the
+   first. The buffers in use or kept for reuse never exceed
+   `--replicate-memory`; a token bucket caps the bandwidth
+   (`--replicate-rate`); `connections` calls run at once. The calls are made
+   by the uploader process (uploader.py, at `--replicate-priority`, idle by
+   default), not by the daemon's threads: the part buffers are shared memory
+   both map (partmem.py) and a call names its payload there
+   (uploader_proc.py), so the daemon only reads the segments and never signs
+   or sends them.
 4. **Manifest** generation + 1, written only now that every object it names
    is in the store (the prefix rule, docs/SEMANTICS.md); skipped when the
    tree is the same as the standing manifest's.
 5. **Collect**: the manifests the retention policy (retention.py) no longer
-   keeps, then the objects that no kept manifest names.
+   keeps, then the objects (segments, and format 1's whole objects) that no
+   kept manifest names. Nothing else writes under the prefix (one writer,
+   below) and this task does the cycle's uploads, its manifest and then the
+   collection in turn, so a segment an upload is about to name is either in
+   the manifest just written or uploaded after the collection.
 
 One writer per prefix (lineage.py): at start, a prefix whose newest
 manifest another pool wrote (not one this pool continues, and without
@@ -47,27 +54,22 @@ A failed object-store call has a kind (client.py). A transient one (the
 store unreachable, throttling, 5xx, the uploader process) is retried with
 exponential backoff and full jitter (a delay drawn from 0 .. min(BACKOFF_MAX,
 BACKOFF_MIN * 2^n)) until it succeeds: the mount never waits for the store.
-A permanent one (credentials refused, no bucket, a part the store rejects,
+A permanent one (credentials refused, no bucket, a segment the store rejects,
 a version the devices cannot give back intact) ends the work it concerns:
 the other objects of the cycle go on, the cycle ends without a manifest,
 its pinned units are released, and the next cycle tries again after
-PERMANENT_RETRY seconds (credentials are read again: client.py). A multipart
-upload the store forgot (NoSuchUpload) starts again from its first part (at
-most RESTARTS times in one cycle). Every failure is logged once per kind
+PERMANENT_RETRY seconds (credentials are read again: client.py). Every failure is logged once per kind
 with its call, key and what to do, counted, and shown in status with the
-time it began until a call succeeds again. At start the service lists the prefix and reads the
-newest manifests, so a remount (after a clean stop or a SIGKILL) uploads
-nothing the store already holds and continues the generations. Multipart
-uploads a stopped or killed predecessor left are resumed: the first upload
-of the same object lists the parts the store holds and sends only the
-others (a content key names the bytes, so a part of the size this upload
-plans for its number holds the right ones); what the first cycle does not
-resume is aborted.
+time it began until a call succeeds again. At start the service lists the
+prefix and reads the manifests, so a remount (after a clean stop or a
+SIGKILL) uploads no segment the store already holds, names the versions
+they replicated without reading them, and continues the generations; an
+upload cut off midway left whole segments or nothing, so it goes on where
+it stopped.
 """
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import Counter
@@ -78,34 +80,25 @@ import trio
 from ..errors import FsError
 from ..fs.namespace import ROOT_INO
 from . import lineage, retention
-from .client import CONFLICT, DEVICE, GLOBAL, OTHER, NoSuchUpload, S3Error, transient
+from . import segments
+from .client import CONFLICT, DEVICE, GLOBAL, OTHER, S3Error, transient
 from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, manifest_generation, manifest_name,
                        unreferenced)
 from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
-from .snapshot import Version, restoring, same_tree, take, version_key
+from .snapshot import Version, name_segments, restoring, same_tree, take, version_key
 from .source import read_part
 from .throttle import Throttle
 from .uploader_proc import Uploader, UploaderStats
 
 log = logging.getLogger("ckptfs.replicate")
 
-PART_SIZE = 8 << 20  # multipart part size (s3transfer's default too)
-MAX_PARTS = 10000  # S3's limit per multipart upload
 DEFAULT_MEMORY = 256 << 20
 CONNECTIONS = 10  # object-store calls at once (s3transfer's default concurrency)
+SEGMENTS_AT_ONCE = 32  # segments read and uploaded at once, at most (memory // segment size bounds it too)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 10.0
 PERMANENT_RETRY = 60.0  # seconds before a cycle that failed for good is tried again
-RESTARTS = 3  # times one cycle starts an upload the store forgot (NoSuchUpload) again
 SETTLE = 0.05  # seconds a change waits for company before a cycle starts
-
-
-def part_size(size: int, chunk_size: int, base: int = PART_SIZE) -> int:
-    """The part size for an object of `size` bytes: `base` (at least one chunk), grown so that
-    no upload needs more than MAX_PARTS parts; always a whole number of chunks."""
-    part = max(base, chunk_size)
-    part = max(part, math.ceil(size / MAX_PARTS))
-    return -(-part // chunk_size) * chunk_size
 
 
 def backoff(attempt: int, rng=random) -> float:
@@ -117,32 +110,6 @@ class CycleFailed(Exception):
     """A cycle ended without its manifest: a permanent failure (already logged and counted)."""
 
 
-def _first_failure(e: BaseException) -> BaseException:
-    """The S3Error a nursery of part workers failed with (a NoSuchUpload first), else `e` itself."""
-    if not isinstance(e, BaseExceptionGroup):
-        return e
-    rest = e.split(trio.Cancelled)[1]
-    leaves = list(_leaves(rest)) if rest is not None else []
-    if leaves and all(isinstance(x, S3Error) for x in leaves):
-        return next((x for x in leaves if isinstance(x, NoSuchUpload)), leaves[0])
-    return e
-
-
-def _leaves(e: BaseException):
-    if isinstance(e, BaseExceptionGroup):
-        for x in e.exceptions:
-            yield from _leaves(x)
-    else:
-        yield e
-
-
-def _cancelled(e: BaseException) -> bool:
-    """Is `e` a cancellation, alone or a group (of a nursery) of nothing else?"""
-    if isinstance(e, BaseExceptionGroup):
-        return e.split(trio.Cancelled)[1] is None
-    return isinstance(e, trio.Cancelled)
-
-
 @dataclass(frozen=True)
 class ReplicationStats:
     """One reading of the replication (`Replicator.statistics()`; `replication` in `ckptfs status`)."""
@@ -151,8 +118,9 @@ class ReplicationStats:
     lag: float  # seconds the oldest durable change not yet in a standing manifest has waited
     cycle_running: bool
     bytes_uploaded: int
-    bytes_resumed: int
-    objects_uploaded: int
+    bytes_shared: int  # bytes of new versions not uploaded: the store held their segments
+    objects_uploaded: int  # segments uploaded
+    versions_uploaded: int  # file versions whose segments are all in the store now
     objects: int
     manifests_written: int
     objects_deleted: int
@@ -181,7 +149,8 @@ class Replicator:
     names, its failures, and the counters `statistics()` shows."""
 
     def __init__(self, store, url: S3Url, endpoint: str | None = None, *, rate: float | None = None,
-                 policy: retention.Policy = retention.DEFAULT, memory: int = DEFAULT_MEMORY, part: int = PART_SIZE,
+                 policy: retention.Policy = retention.DEFAULT, memory: int = DEFAULT_MEMORY,
+                 segment: int = segments.SEGMENT_BYTES,
                  connections: int = CONNECTIONS, priority: str = DEFAULT_PRIORITY, takeover: bool = False,
                  clock=time.time):
         self.store = store
@@ -192,8 +161,8 @@ class Replicator:
         self.conflict: S3Error | None = None  # another writer under the prefix: stopped for good
         self.policy = policy
         self.clock = clock  # wall-clock seconds: manifest times and the retention policy's "now"
-        self.part = part_size(0, store.chunk_size, part)  # the usual part size (larger for huge files)
-        self.memory = max(memory, self.part)
+        self.segment = segments.segment_size(store.chunk_size, segment)
+        self.memory = max(memory, self.segment)
         self.parts = PartMemory(self.memory)  # the part buffers, shared with the uploader process
         self.target = Uploader(url, endpoint, self.parts, connections=connections, priority=priority)
         self.throttle = Throttle(rate)
@@ -203,6 +172,8 @@ class Replicator:
         self.progress = trio.lowlevel.ParkingLot()  # a manifest stood, or an error came or went
         self.started = False  # the prefix was listed and the newest manifests read
         self.objects: set[str] = set()  # objects the store holds (relative keys)
+        self.known: dict[str, list[str]] = {}  # version key -> its segments, for the versions in kept manifests
+        self.uploading: dict[str, trio.Event] = {}  # segment key -> set once its upload in progress ends
         self.kept: dict[int, Manifest | None] = {}  # manifests in the store (None: unreadable)
         self.generation = 0  # the newest manifest's generation
         self.standing: Manifest | None = None  # the newest manifest (written or found)
@@ -216,9 +187,9 @@ class Replicator:
         self.cycle_running = False
         self.last_manifest_time: float | None = None  # wall-clock time it was written
         self.bytes_uploaded = 0
-        self.bytes_resumed = 0  # bytes of parts a predecessor had uploaded, kept (not sent again)
-        self.left_uploads: dict[str, list[str]] = {}  # object -> multipart upload ids a predecessor left
+        self.bytes_shared = 0  # bytes of new versions whose segments the store held already
         self.objects_uploaded = 0
+        self.versions_uploaded = 0
         self.manifests_written = 0
         self.objects_deleted = 0
         self.manifests_deleted = 0
@@ -267,7 +238,7 @@ class Replicator:
                                                      "since": self.failing_since}
         return ReplicationStats(
             str(self.target), self.started, round(self.lag(), 3), self.cycle_running, self.bytes_uploaded,
-            self.bytes_resumed, self.objects_uploaded, len(self.objects), self.manifests_written,
+            self.bytes_shared, self.objects_uploaded, self.versions_uploaded, len(self.objects), self.manifests_written,
             self.objects_deleted, self.manifests_deleted, self.generation, self.last_manifest_time,
             self.standing.journal_seq if self.standing is not None else None, self.covered_seq,
             self.policy.describe(),
@@ -338,7 +309,7 @@ class Replicator:
     async def _start(self) -> None:
         """List the prefix, read the newest manifests and the uploads a stopped daemon left."""
         listing = await self._s3(self.target.list, "")
-        self.objects = {k for k in listing if k.startswith(OBJECTS)}
+        self.objects = {k for k in listing if k.startswith((OBJECTS, segments.SEGMENTS))}
         gens = sorted(g for g in (manifest_generation(k) for k in listing) if g is not None)
         self.generation = gens[-1] if gens else 0
         for g in gens:
@@ -360,14 +331,15 @@ class Replicator:
             self._stand(newest, seq=-1)
         if newest is not None:
             self.last_manifest_time = newest.time_ns / 1e9
-        try:
-            for key, upload_id in await self.target.list_uploads(OBJECTS):
-                self.left_uploads.setdefault(key[len(self.url.prefix):], []).append(upload_id)
-        except S3Error as e:  # not every store lists uploads; they expire or are collected anyway
-            log.info("replicate.stale_uploads_kept", extra={"fields": {"error": str(e)}})
+        self._know()
         self.started = True
         log.info("replicate.started", extra={"fields": {
             "target": str(self.target), "objects": len(self.objects), "generation": self.generation}})
+
+    def _know(self) -> None:
+        """`known`: the segments of every version the kept manifests name (of this segment size)."""
+        self.known = {e.object: e.segments for m in self.kept.values()
+                      if m is not None and m.segment_size == self.segment for e in m.entries if e.segments}
 
     def _stand(self, manifest: Manifest, seq: int) -> None:
         self.standing = manifest
@@ -389,8 +361,14 @@ class Replicator:
         commits = self.waiting_commits
         manifest, versions = take(store.durable, pool=self.pool, seq=seq,
                                   chunk_size=store.chunk_size, time_ns=int(self.clock() * 1e9),
-                                  generation=self.generation + 1)
-        missing = [v for k, v in versions.items() if k not in self.objects]
+                                  generation=self.generation + 1, segment_size=self.segment, known=self.known)
+        missing = [v for v in versions.values()
+                   if v.segments is None or any(k not in self.objects for k in v.segments)]
+        sending = {v.key for v in missing}
+        for v in versions.values():
+            if v.key not in self.known and v.key not in sending:  # new, and every segment stored already
+                self.known[v.key] = v.segments
+                self.bytes_shared += v.size
         self.waiting_bytes = sum(v.size for v in missing)
         units = [u for v in missing for u in v.units()]
         failed: list[S3Error] = []
@@ -398,16 +376,14 @@ class Replicator:
             store.alloc.claim(dev, unit)  # pinned: not reused while we read them
         try:
             async with trio.open_nursery() as nursery:
-                objects = trio.CapacityLimiter(max(1, min(self.memory // self.part, 16)))
-                for v in missing:
-                    nursery.start_soon(self._upload, v, objects, failed, nursery.cancel_scope)
+                nursery.start_soon(self._upload_all, missing, failed, nursery.cancel_scope)
         finally:
             for dev, unit in units:
                 store.alloc.release(dev, unit)
             store.wake()
         if failed:  # permanent: no manifest can name what is not there
             raise CycleFailed(str(failed[0]))
-        await self._abort_left()
+        name_segments(manifest, versions)
         if await self._intruder():  # before a manifest, and before any collection
             self.cycle_running = False
             return
@@ -479,6 +455,7 @@ class Replicator:
                 del self.kept[g]
             self.manifests_deleted += len(drop)
         kept = [m for m in self.kept.values() if m is not None]
+        self._know()
         garbage = sorted(unreferenced(self.objects, kept))
         if garbage:
             await self._s3(self.target.delete, garbage)
@@ -486,123 +463,79 @@ class Replicator:
             self.objects_deleted += len(garbage)
 
     # ---- uploads -------------------------------------------------------------------------
-    async def _upload(self, v: Version, objects: trio.CapacityLimiter, failed: list,
-                      cycle: trio.CancelScope) -> None:
-        """Upload `v`; a permanent failure is appended to `failed` (and one that concerns every
-        call, such as refused credentials, cancels the rest of the cycle)."""
-        async with objects:
-            part = part_size(v.size, self.store.chunk_size, self.part)
-            nparts = max(1, -(-v.size // part))
-            for restart in range(RESTARTS + 1):
+    async def _upload_all(self, missing: list[Version], failed: list, cycle: trio.CancelScope) -> None:
+        """Every segment of `missing` the store does not hold yet, `memory // segment` at once; a
+        permanent failure is appended to `failed` (one that concerns every call, such as refused
+        credentials, cancels the rest of the cycle)."""
+        todo = iter([(v, i) for v in missing for i in range(segments.count(v.size, self.segment))])
+        for v in missing:
+            if v.segments is None:
+                v.segments = [None] * segments.count(v.size, self.segment)
+
+        async def worker() -> None:
+            for v, i in todo:  # shared: each segment is taken by one worker
                 try:
-                    if nparts == 1:
-                        await self._put_small(v, part)
-                    else:
-                        await self._put_multipart(v, nparts, part)
-                    break
-                except NoSuchUpload as e:  # the store forgot it (a lifecycle rule, a restart): send it again
-                    self.errors[e.cause] += 1
-                    if restart == RESTARTS:
-                        self._failed(e)
-                        failed.append(e)
-                        return
-                    log.warning("replicate.upload_restarted", extra={"fields": {
-                        "object": v.key, "error": str(e), "restart": restart + 1, "of": RESTARTS}})
+                    await self._segment(v, i)
                 except S3Error as e:
                     self._failed(e)
                     failed.append(e)
                     if e.cause in GLOBAL:
                         cycle.cancel()
                     return
-        self.objects.add(v.key)
-        self.objects_uploaded += 1
-        self.waiting_bytes = max(0, self.waiting_bytes - v.size)
 
-    async def _put_small(self, v: Version, size: int) -> None:
-        buf = await self.parts.take(size)
+        async with trio.open_nursery() as nursery:
+            for _ in range(max(1, min(SEGMENTS_AT_ONCE, self.memory // self.segment))):
+                nursery.start_soon(worker)
+        for v in missing:
+            if None not in v.segments:
+                self.known[v.key] = v.segments
+                self.versions_uploaded += 1
+
+    async def _segment(self, v: Version, i: int) -> None:
+        """Segment `i` of `v` into the store, unless it holds it already (its key known beforehand,
+        or taken from the bytes read)."""
+        n = segments.length(i, v.size, self.segment)
+        k = v.segments[i]
+        if k is not None and await self._stored(k):
+            self._shared(v, i, k, n)
+            return
+        buf = await self.parts.take(self.segment)
         try:
-            n = await self._read(v, 0, buf)
-            await self.throttle.take(n)
-            await self._s3(self.target.put, v.key, buf.body(n))
-            self.bytes_uploaded += n
+            got = await self._read(v, i * self.segment, buf)
+            if k is None:
+                k = await trio.to_thread.run_sync(segments.key_from_bytes, buf.view[:got], v.size,
+                                                  self.store.chunk_size, v.extents, i, self.segment)
+                if await self._stored(k):
+                    self._shared(v, i, k, n)
+                    return
+            self.uploading[k] = done = trio.Event()
+            try:
+                await self.throttle.take(got)
+                await self._s3(self.target.put, k, buf.body(got))
+            finally:
+                del self.uploading[k]
+                done.set()
+            self.objects.add(k)
+            v.segments[i] = k
+            self.bytes_uploaded += got
+            self.objects_uploaded += 1
+            self.waiting_bytes = max(0, self.waiting_bytes - n)
         finally:
             self.parts.give_back(buf)
 
-    async def _put_multipart(self, v: Version, nparts: int, size: int) -> None:
-        upload_id, etags = await self._resumed(v, nparts, size)
-        if upload_id is None:
-            upload_id = await self._s3(self.target.create_upload, v.key)
-            etags = [None] * nparts
+    async def _stored(self, k: str) -> bool:
+        """Does the store hold segment `k` (after the upload of it in progress, if any)?"""
+        while k in self.uploading:
+            await self.uploading[k].wait()
+        return k in self.objects
 
-        async def part(i: int) -> None:
-            buf = await self.parts.take(size)
-            try:
-                n = await self._read(v, i * size, buf)
-                await self.throttle.take(n)
-                etags[i] = await self._s3(self.target.upload_part, v.key, upload_id, i + 1, buf.body(n))
-                self.bytes_uploaded += n
-            finally:
-                self.parts.give_back(buf)
-
-        todo = iter([i for i in range(nparts) if etags[i] is None])
-
-        async def worker() -> None:
-            for i in todo:  # shared: each part is taken by one worker
-                await part(i)
-
-        try:
-            async with trio.open_nursery() as nursery:
-                for _ in range(max(1, min(nparts, self.memory // size))):
-                    nursery.start_soon(worker)
-            await self._s3(self.target.complete_upload, v.key, upload_id, etags)
-        except BaseException as e:
-            if _cancelled(e):
-                raise  # the daemon stops: the parts stay for the next start to resume
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:  # best effort: leave no parts behind (a later start aborts what is left)
-                    await self.target.abort_upload(self.target.key(v.key), upload_id)
-                except S3Error:
-                    pass
-            raise _first_failure(e)
-
-    async def _resumed(self, v: Version, nparts: int, size: int) -> tuple[str | None, list | None]:
-        """An upload of `v` a predecessor left, and the ETag of each of its parts that can stay (one of
-        the size this upload plans for that number; None: send it); (None, None) when there is none."""
-        ids = self.left_uploads.pop(v.key, None)
-        if not ids:
-            return None, None
-        upload_id = ids.pop()
-        await self._abort(v.key, ids)  # more than one (a predecessor's predecessor): keep one
-        try:
-            parts = await self._s3(self.target.list_parts, v.key, upload_id)
-        except NoSuchUpload:
-            return None, None
-        etags: list[str | None] = [None] * nparts
-        for number, got, etag in parts:
-            i = number - 1
-            if 0 <= i < nparts and got == min(size, v.size - i * size):
-                etags[i] = etag
-        kept = sum(min(size, v.size - i * size) for i, e in enumerate(etags) if e is not None)
-        self.bytes_resumed += kept
-        log.info("replicate.resumed", extra={"fields": {"object": v.key, "parts_kept": nparts - etags.count(None),
-                                                         "parts": nparts, "bytes_kept": kept}})
-        return upload_id, etags
-
-    async def _abort_left(self) -> None:
-        """After the first cycle: abort the uploads a predecessor left that it did not resume."""
-        left, self.left_uploads = self.left_uploads, {}
-        for rel, ids in left.items():
-            await self._abort(rel, ids)
-
-    async def _abort(self, rel: str, ids: list[str]) -> None:
-        for upload_id in ids:  # best effort: a store that keeps them expires or lists them again
-            try:
-                await self.target.abort_upload(self.target.key(rel), upload_id)
-            except S3Error as e:
-                log.info("replicate.stale_upload_kept", extra={"fields": {"object": rel, "error": str(e)}})
+    def _shared(self, v: Version, i: int, k: str, n: int) -> None:
+        v.segments[i] = k
+        self.bytes_shared += n
+        self.waiting_bytes = max(0, self.waiting_bytes - n)
 
     async def _read(self, v: Version, offset: int, buf: Part) -> int:
-        """Read a part; a device or checksum error is permanent for this version (S3Error DEVICE)."""
+        """Read a segment; a device or checksum error is permanent for this version (S3Error DEVICE)."""
         try:
             return await read_part(self.store, v, offset, buf.view, self.read_from)
         except FsError as e:
@@ -613,15 +546,12 @@ class Replicator:
     # ---- calls and their failures ------------------------------------------------------------
     async def _s3(self, fn, *args):
         """`await fn(*args)` (a call of the uploader process), at most `connections` at once; a transient
-        failure is reported, then retried with backoff (forever); a permanent one is raised (NoSuchUpload
-        unreported: the caller decides)."""
+        failure is reported, then retried with backoff (forever); a permanent one is raised."""
         attempt = 0
         while True:
             try:
                 async with self.s3_limiter:
                     result = await fn(*args)
-            except NoSuchUpload:
-                raise
             except S3Error as e:
                 if not transient(e):
                     raise

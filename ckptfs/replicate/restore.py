@@ -9,13 +9,18 @@ with contents gets a gate (`FileJob`, an fs/remote.py `Remote`) on its
 `FileData`: the core's read path raises `NeedsRestore` for any chunk not
 fetched yet, never the zeros of a hole, and the facade awaits `demand()`.
 
-Fetching. A chunk is fetched with a ranged GET of its bytes in the file's
-object (consecutive chunks share one GET, at most RUN_BYTES), in a worker
+Fetching. A chunk is fetched with a ranged GET of its bytes in the object
+that holds them (a segment of the file, or with a format 1 manifest the
+whole file: `Manifest.pieces`; consecutive chunks of one object share one
+GET, at most RUN_BYTES), in a worker
 thread that also checks each chunk's CRC-32C against the manifest: a mismatch
 is an error naming the object, the chunk and the file, never served, and
 fails that chunk alone (the others of the same GET are delivered). The
 bytes then go into the file with `FileData.fill` (the write path, past the
-gate), so they drain to the devices and become durable like any write.
+gate), so they drain to the devices and become durable like any write. A
+segment several files hold (a copy, a checkpoint that repeats another) is
+fetched once: the bytes of a GET also go to every other file that names
+that segment and misses those chunks (`users`), which do not fetch them.
 Demand fetches (a read that waits) have their own slots (`DEMAND_SLOTS`), so
 they never queue behind the background, and start a read-ahead of the next
 READAHEAD chunks. The background fetches every file, newest first, with
@@ -94,6 +99,7 @@ class FileJob(Remote):
         self.uncommitted = 0  # bytes filled since the last progress commit
         self.committed_at = 0.0  # trio time of the last progress commit
         self.active = True  # False once complete or cancelled
+        self.span = 0  # chunks per object of its manifest entry (0: one object holds the file)
 
     @property
     def gone(self) -> bool:
@@ -151,6 +157,7 @@ class Restorer:
         self.load_tried = trio.Event()  # the first attempt to load it is over (it may have failed)
         self.load_error: str | None = None
         self.jobs: dict[int, FileJob] = {}
+        self.users: dict[str, list[tuple[FileJob, int]]] = {}  # segment key -> (job, its first chunk) naming it
         self.nursery: trio.Nursery | None = None
         self.running = trio.Event()  # run() has its nursery: fetches can start
         self.state = LOADING
@@ -185,6 +192,10 @@ class Restorer:
                                   f"{job.object} of {job.size} bytes for inode {job.ino}")
                 continue
             job.entry = entry
+            if manifest.segment_size:
+                job.span = manifest.segment_size // cs
+                for k, off, _ in manifest.pieces(entry):
+                    self.users.setdefault(k, []).append((job, off // cs))
             data = job.inode.data
             extents = {i: c.extent for i, c in data.chunks.items() if c.extent is not None and c.drained}
             job.missing = set(plan.missing_chunks(entry.size, cs, entry.crcs, extents))
@@ -284,7 +295,7 @@ class Restorer:
             async with trio.open_nursery() as batch:
                 slots = trio.Semaphore(self.concurrency)
                 for job in jobs:
-                    for first, last in plan.runs(job.missing, max(1, RUN_BYTES // job.chunk_size)):
+                    for first, last in plan.runs(job.missing, max(1, RUN_BYTES // job.chunk_size), job.span):
                         if not job.active:
                             break
                         await slots.acquire()
@@ -358,13 +369,13 @@ class Restorer:
             return
         ahead = [i for i in range(idx + 1, min(job.nchunks, idx + 1 + n))
                  if i in job.missing and i not in job.inflight]
-        for first, last in plan.runs(ahead, max(1, RUN_BYTES // job.chunk_size)):
+        for first, last in plan.runs(ahead, max(1, RUN_BYTES // job.chunk_size), job.span):
             self._start_fetch(job, first, last, demand=True)
 
     async def _get(self, job: FileJob, indexes: list[int], *, demand: bool) -> None:
         """Wait until chunks `indexes` are in the file; RestoreError with the cause if one failed."""
         todo = [i for i in indexes if i in job.missing and i not in job.inflight]
-        for first, last in plan.runs(todo, max(1, RUN_BYTES // job.chunk_size)):
+        for first, last in plan.runs(todo, max(1, RUN_BYTES // job.chunk_size), job.span):
             self._start_fetch(job, first, last, demand=demand)
         for i in indexes:
             event = job.inflight.get(i)
@@ -381,9 +392,37 @@ class Restorer:
             job.inflight[i] = trio.Event()
         self.nursery.start_soon(self._fetch_run, job, first, last, demand)
 
+    def _object_of(self, job: FileJob, first: int) -> tuple[str, int]:
+        """The key of the object holding chunk `first` of the job's file, and the file offset it starts at."""
+        entry = job.entry
+        if not job.span:
+            return entry.object, 0
+        p = first // job.span
+        return entry.segments[p], p * job.span * job.chunk_size
+
+    def _twins(self, job: FileJob, key: str, first: int, last: int) -> list[tuple[FileJob, int, list[int]]]:
+        """Other files naming segment `key` whose chunks at the place of `first..last` are missing and
+        not on their way: (job, the chunk at `first`'s place, those chunks), marked in flight."""
+        base = first - first // job.span * job.span if job.span else 0
+        out = []
+        for other, start in self.users.get(key, ()):
+            if (other is job and start + base == first) or not other.active or other.entry is None:
+                continue
+            at = start + base
+            idx = [at + k for k in range(last - first + 1)
+                   if at + k in other.missing and at + k not in other.inflight
+                   and other.entry.crcs[at + k] == job.entry.crcs[first + k]]
+            if idx:
+                for i in idx:
+                    other.inflight[i] = trio.Event()
+                out.append((other, at, idx))
+        return out
+
     async def _fetch_run(self, job: FileJob, first: int, last: int, demand: bool) -> None:
         entry, cs = job.entry, job.chunk_size
         start, end = plan.byte_range(first, last, entry.size, cs)
+        key, off = self._object_of(job, first)
+        twins = self._twins(job, key, first, last) if job.span else []
         what = f"/{entry.path}"
         try:
             if not demand:
@@ -391,9 +430,13 @@ class Restorer:
             # a slot is held until the bytes are in the file: memory in flight stays bounded
             async with self.demand_limiter if demand else self.bg_limiter:
                 data, bad = await trio.to_thread.run_sync(
-                    _get_range, self._target(), entry.object, start, end, entry.crcs, first, cs, what)
+                    _get_range, self._target(), key, start - off, end - off, entry.crcs, first, cs, what)
                 self.bytes_fetched += len(data)
                 await self._deliver(job, first, data, skip=bad)
+                for other, at, idx in twins:
+                    wanted = set(idx)
+                    skip = {at + k for k in range(last - first + 1) if first + k in bad or at + k not in wanted}
+                    await self._deliver(other, at, data, skip=skip)
                 del data
             for i in range(first, last + 1):
                 job.failed.pop(i, None)
@@ -414,6 +457,11 @@ class Restorer:
                 event = job.inflight.pop(i, None)
                 if event is not None:
                     event.set()
+            for other, _, idx in twins:
+                for i in idx:
+                    event = other.inflight.pop(i, None)
+                    if event is not None:
+                        event.set()
 
     async def _deliver(self, job: FileJob, first: int, data: bytes, skip=()) -> None:
         """Write fetched chunks into the file (waiting for memory like any writer), but those in `skip`."""

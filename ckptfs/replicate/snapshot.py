@@ -3,12 +3,15 @@
 `take(durable, ...)` walks the namespace the journal describes (the store's
 `DurableState`: what a crash would keep, never data still in memory) from
 the root, parents before children, and returns the `Manifest` a restore
-would read, plus one `Version` per distinct file version it names: the
-object to upload (content key), its size and the extents that hold its
-bytes on the devices.
+would read, plus one `Version` per distinct file version it names: its
+version key, its size, the extents that hold its bytes on the devices and
+the keys of its segments (segments.py): from `known` (the replicator's
+versions already in the store), else from the digests the journal keeps,
+else None (the replicator reads the bytes to name them).
 
-A file a restore brought back and nobody changed since is named by the object
-it came from (`version_key`), so a restored pool uploads none of it again.
+A file a restore brought back and nobody changed since is named by the version
+it came from (`version_key`), so a restored pool names the segments already
+in the store and uploads none of them again.
 
 Nothing here reads data. A version's content key and the CRC-32C of each
 `chunk_size` piece of its object (holes and the zeros after a short chunk
@@ -28,6 +31,8 @@ import crc32c
 
 from ..format.records import Extent
 from ..fs.namespace import HIDDEN_XATTR, ROOT_INO
+from ..store.durable import address_key
+from . import segments
 from .manifest import Entry, Manifest, content_key
 from .plan import FILE_XATTR as RESTORE_MARK, ORIGIN_XATTR
 
@@ -47,11 +52,12 @@ def restoring(ns) -> bool:
 @dataclass
 class Version:
     """One file version to have in the object store."""
-    key: str  # the object's name relative to the prefix (manifest.content_key)
+    key: str  # its version key (manifest.content_key, or the version a restore brought back)
     ino: int
     size: int
     extents: dict[int, Extent]  # chunk index -> extent (a missing index is a hole)
     crcs: list  # CRC-32C of each chunk_size piece of the object (None: computed at upload)
+    segments: list | None = None  # its segments' keys (None: not known without reading the bytes)
 
     def units(self) -> list[tuple[int, int]]:
         """The device units holding its bytes (to pin while they are read)."""
@@ -59,7 +65,7 @@ class Version:
 
 
 def version_key(inode, extents: dict[int, Extent]) -> str:
-    """The object that holds regular file `inode`'s durable contents (`extents`): the one a
+    """The version key of regular file `inode`'s durable contents (`extents`): the one a
     restore fetched them from while they are unchanged (plan.ORIGIN_XATTR, in the durable
     namespace only until a write's removal of it is), else their content key."""
     origin = inode.xattrs.get(ORIGIN_XATTR)
@@ -85,9 +91,21 @@ def piece_crcs(size: int, chunk_size: int, extents: dict[int, Extent]) -> list:
     return out
 
 
-def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int,
-         generation: int = 0) -> tuple[Manifest, dict[str, Version]]:
-    """The manifest of `durable` (a store.durable.DurableState) and its versions by content key."""
+def journaled_digest(durable):
+    """`digest_of(extent)` over the digests the journal keeps (None: not kept for this extent)."""
+    def digest_of(ext: Extent) -> bytes | None:
+        got = durable.digests.get(address_key(ext))
+        return got[1] if got is not None and got[0] == ext else None
+    return digest_of
+
+
+def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int, generation: int = 0,
+         segment_size: int | None = None, known: dict | None = None) -> tuple[Manifest, dict[str, Version]]:
+    """The manifest of `durable` (a store.durable.DurableState) and its versions by version key.
+    Its entries' segments are left empty: `name_segments` fills them once every version's are known."""
+    seg = segment_size or segments.segment_size(chunk_size)
+    known = known or {}
+    digest_of = journaled_digest(durable)
     ns = durable.ns
     entries: list[Entry] = []
     versions: dict[str, Version] = {}
@@ -105,18 +123,28 @@ def take(durable, *, pool: str, seq: int, chunk_size: int, time_ns: int,
                 if v is None:
                     extents = dict(durable.files.get(ino, {}))
                     key = version_key(inode, extents)
-                    v = versions.get(key) or Version(key, ino, inode.size, extents,
-                                                     piece_crcs(inode.size, chunk_size, extents))
+                    v = versions.get(key)
+                    if v is None:
+                        v = Version(key, ino, inode.size, extents, piece_crcs(inode.size, chunk_size, extents))
+                        v.segments = known.get(key) or segments.keys(inode.size, chunk_size, seg, extents,
+                                                                      digest_of)
                     versions[key] = by_ino[ino] = v
                 e.size, e.object, e.crcs = v.size, v.key, v.crcs
             elif inode.is_dir:
                 todo.append((ino, path + "/"))
             entries.append(e)
     return Manifest(generation=generation, pool=pool, journal_seq=seq, time_ns=time_ns, chunk_size=chunk_size,
-                    entries=entries), versions
+                    entries=entries, segment_size=seg), versions
+
+
+def name_segments(manifest: Manifest, versions: dict[str, Version]) -> None:
+    """Give each file entry its version's segment keys (all known by now)."""
+    for e in manifest.entries:
+        if e.size:
+            e.segments = list(versions[e.object].segments)
 
 
 def same_tree(a: Manifest, b: Manifest) -> bool:
     """Do two manifests describe the same tree (whatever their generation, sequence and time)?"""
-    return a.pool == b.pool and a.chunk_size == b.chunk_size and \
+    return a.pool == b.pool and a.chunk_size == b.chunk_size and a.segment_size == b.segment_size and \
         [e.to_json() for e in a.entries] == [e.to_json() for e in b.entries]
