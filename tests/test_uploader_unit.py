@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ckptfs.replicate import wire
-from ckptfs.replicate.client import NETWORK, OTHER, UPLOADER, NoSuchUpload, S3Error
+from ckptfs.replicate.client import NETWORK, OTHER, UPLOADER, S3Error
 from ckptfs.replicate.manifest import BadManifest
 from ckptfs.replicate.partmem import PAGE, PartMemory, Ranges
 
@@ -21,7 +21,7 @@ MiB = 1 << 20
 def test_frames_decode_the_same_whether_fed_at_once_or_a_byte_at_a_time():
     msgs = [({"op": "call", "name": "put", "args": ["objects/a", 3], "body": [0, 4096, 123]}, 7, b""),
             ({"ok": wire.BLOB}, 8, os.urandom(100_000)),
-            ({"error": {"type": "NoSuchUpload", "cause": "other", "message": "gone"}}, 9, b""),
+            ({"error": {"type": "S3Error", "cause": "other", "message": "gone"}}, 9, b""),
             ({"ping": True, "text": "é\n\u2028"}, 0, b"\x00" * 3)]
     stream = b"".join(wire.frame(m, i, b) for m, i, b in msgs)
     want = [(i, m, b) for m, i, b in msgs]
@@ -51,7 +51,7 @@ def test_a_garbled_stream_is_a_wire_error(bad):
 
 
 def test_errors_arrive_as_the_types_they_were_raised_as():
-    for exc in (S3Error(NETWORK, "cannot reach the object store"), NoSuchUpload(OTHER, "the upload is gone"),
+    for exc in (S3Error(NETWORK, "cannot reach the object store"), S3Error(OTHER, "no such object"),
                 BadManifest("manifests/0000000001.json: not a ckptfs manifest"),
                 S3Error(UPLOADER, "the uploader process died")):
         msg = wire.Decoder().feed(wire.frame({"error": wire.error(exc)}, 3))[0][1]

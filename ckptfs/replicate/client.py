@@ -8,8 +8,7 @@ credentials and region come from boto3's default chain (environment,
 ~/.aws files, instance role); `endpoint` is for stores other than AWS
 (MinIO, Ceph RGW, SeaweedFS). `Target` binds one client to one bucket and
 prefix, with the few calls replication needs: list, get (whole or a byte
-range), put, delete, the multipart upload calls (create, upload part,
-list parts, complete, abort), and the manifests under the prefix (`generations`,
+range), put, delete, and the manifests under the prefix (`generations`,
 `manifest`).
 
 botocore retries each request a little itself (connection errors, 5xx,
@@ -86,7 +85,7 @@ STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING
 
 
 def upload_args(env=os.environ) -> dict:
-    """The put / create-multipart-upload arguments the environment asks for (ValueError: a bad value)."""
+    """The put arguments the environment asks for (ValueError: a bad value)."""
     out = {}
     sse, key, cls = env.get(SSE_ENV), env.get(KMS_KEY_ENV), env.get(STORAGE_CLASS_ENV)
     if sse:
@@ -106,10 +105,6 @@ def upload_args(env=os.environ) -> dict:
 
 def transient(e: S3Error) -> bool:
     return e.cause in TRANSIENT
-
-
-class NoSuchUpload(S3Error):
-    """A multipart upload the store no longer knows (aborted, or lost by a restarted store)."""
 
 
 def make_client(endpoint: str | None = None, *, connections: int = 16, attempts: int = 3,
@@ -138,8 +133,6 @@ def classify(exc: BaseException, what: str = "") -> S3Error:
     if isinstance(exc, ClientError):
         code, status = code_status(exc)
         msg = exc.response.get("Error", {}).get("Message") or code
-        if code == "NoSuchUpload":
-            return NoSuchUpload(OTHER, f"{prefix}the multipart upload is gone ({msg})")
         if code in _AUTH_CODES or status == 403:
             return S3Error(AUTH, f"{prefix}access denied by the object store ({code}: {msg}); check the credentials")
         if code == "NoSuchBucket" or (status == 404 and what.startswith("bucket")):
@@ -274,43 +267,6 @@ class Target:
         """The newest manifest under the prefix (None: there is none; BadManifest when it does not decode)."""
         gens = self.generations()
         return self.manifest(gens[-1]) if gens else None
-
-    def create_upload(self, rel: str) -> str:
-        res = self._call(f"create multipart upload {self._where(rel)}", self.client.create_multipart_upload,
-                         Bucket=self.bucket, Key=self.key(rel), **self.extra)
-        return res["UploadId"]
-
-    def upload_part(self, rel: str, upload_id: str, number: int, body) -> str:
-        res = self._call(f"upload part {number} of {self._where(rel)}", self.client.upload_part,
-                         Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, PartNumber=number, Body=body)
-        return res["ETag"]
-
-    def complete_upload(self, rel: str, upload_id: str, etags: list[str]) -> None:
-        parts = [{"ETag": e, "PartNumber": i + 1} for i, e in enumerate(etags)]
-        self._call(f"complete multipart upload {self._where(rel)}", self.client.complete_multipart_upload,
-                   Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, MultipartUpload={"Parts": parts})
-
-    def list_parts(self, rel: str, upload_id: str) -> list[tuple[int, int, str]]:
-        """(part number, size, ETag) of each part an upload in progress holds, by number."""
-        out: list[tuple[int, int, str]] = []
-        kw = {"Bucket": self.bucket, "Key": self.key(rel), "UploadId": upload_id}
-        while True:
-            res = self._call(f"list parts of {self._where(rel)}", self.client.list_parts, **kw)
-            out += [(p["PartNumber"], p["Size"], p["ETag"]) for p in res.get("Parts", ())]
-            if not res.get("IsTruncated") or not res.get("NextPartNumberMarker"):
-                return sorted(out)
-            kw["PartNumberMarker"] = res["NextPartNumberMarker"]
-
-    def abort_upload(self, key: str, upload_id: str) -> None:
-        """`key` is the full key (as list_uploads gives it)."""
-        self._call(f"abort multipart upload s3://{self.bucket}/{key}", self.client.abort_multipart_upload,
-                   Bucket=self.bucket, Key=key, UploadId=upload_id)
-
-    def list_uploads(self, rel: str) -> list[tuple[str, str]]:
-        """(full key, upload id) of the multipart uploads in progress under PREFIX/rel."""
-        res = self._call(f"list multipart uploads under {self._where(rel)}", self.client.list_multipart_uploads,
-                         Bucket=self.bucket, Prefix=self.key(rel))
-        return [(u["Key"], u["UploadId"]) for u in res.get("Uploads", ())]
 
     def check(self) -> None:
         """Mount-time check that the target can be used; raises S3Error with one clear line."""

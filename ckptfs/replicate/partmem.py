@@ -1,7 +1,7 @@
 """Part buffers in memory the uploader process maps too, within the --replicate-memory budget.
 
-A part on its way to the object store is read (source.py) into a buffer of
-the daemon, then hashed and sent by the uploader process (uploader.py). The
+A segment on its way to the object store is read (source.py) into a buffer of
+the daemon, then signed and sent by the uploader process (uploader.py). The
 buffers are carved from shared memory so the payload is never copied between
 the two: region 0 is one memfd of exactly the budget, mapped MAP_SHARED by
 both processes, and a call names its payload as (region, offset, length).
@@ -9,9 +9,9 @@ both processes, and a call names its payload as (region, offset, length).
 `Ranges` is the bookkeeping of region 0, pure: first-fit over the free
 ranges, merged again as they come back; every range is a whole number of
 pages (O_DIRECT reads go straight into a buffer). Parts of the usual size
-come and go in equal sizes and never fragment it; larger parts (files of
-more than MAX_PARTS usual parts) may wait until enough neighbours come back,
-and once nothing is in use the whole region is free.
+(a segment) come and go in equal sizes and never fragment it; larger parts
+may wait until enough neighbours come back, and once nothing is in use the
+whole region is free.
 
 `PartMemory.take(size)` waits until the budget has room (the backpressure of
 replication's reads), first come first served: a buffer given back is handed

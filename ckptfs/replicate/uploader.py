@@ -75,8 +75,7 @@ class Body:
 
 
 # the Target calls (client.py) replication makes
-CALLS = frozenset({"list", "put", "put_new", "delete", "manifest", "create_upload", "upload_part", "complete_upload",
-                   "abort_upload", "list_uploads", "list_parts"})
+CALLS = frozenset({"list", "put", "put_new", "delete", "manifest"})
 
 
 class Server:

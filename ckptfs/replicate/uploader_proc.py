@@ -133,27 +133,9 @@ class Uploader:
     async def manifest(self, generation: int) -> Manifest:
         return Manifest.decode(await self.call("manifest", generation), manifest_name(generation))
 
-    async def create_upload(self, rel: str) -> str:
-        return await self.call("create_upload", rel)
-
-    async def upload_part(self, rel: str, upload_id: str, number: int, body) -> str:
-        return await self.call("upload_part", rel, upload_id, number, body=body)
-
-    async def complete_upload(self, rel: str, upload_id: str, etags: list[str]) -> None:
-        await self.call("complete_upload", rel, upload_id, etags)
-
-    async def abort_upload(self, key: str, upload_id: str) -> None:
-        await self.call("abort_upload", key, upload_id)
-
-    async def list_uploads(self, rel: str) -> list[tuple[str, str]]:
-        return [tuple(u) for u in await self.call("list_uploads", rel)]
-
-    async def list_parts(self, rel: str, upload_id: str) -> list[tuple[int, int, str]]:
-        return [tuple(p) for p in await self.call("list_parts", rel, upload_id)]
-
     async def call(self, name: str, *args, body=None):
         """Target.`name`(*args[, body]) in the uploader process; its result, or the exception it raised
-        (S3Error, NoSuchUpload, BadManifest), or S3Error(UPLOADER) when the process failed."""
+        (S3Error, BadManifest), or S3Error(UPLOADER) when the process failed."""
         proc = await self._running()
         await proc.ready.wait()
         if proc.gone is not None:

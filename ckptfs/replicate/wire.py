@@ -13,8 +13,8 @@ does the I/O). Every message is one frame:
 The daemon sends
 
     {"op": "call", "name": N, "args": [...], "body": [region, offset, length]}
-        a Target call (client.py); `body`, where the call uploads (put,
-        upload_part), names its payload in a shared memory region
+        a Target call (client.py); `body`, where the call uploads (put),
+        names its payload in a shared memory region
         (partmem.py); "body": "blob" means the blob is the payload instead
     {"op": "map", "region": R, "size": S}   with one file descriptor (SCM_RIGHTS):
         the memfd of region R; {"op": "unmap", "region": R} when it is gone
@@ -87,22 +87,20 @@ class Decoder:
 
 
 def error(e: BaseException) -> dict:
-    """The "error" message of a call that raised `e` (an S3Error, NoSuchUpload or BadManifest keeps its type)."""
-    from .client import OTHER, NoSuchUpload, S3Error  # here: the uploader lowers its priority before boto3 loads
+    """The "error" message of a call that raised `e` (an S3Error or BadManifest keeps its type)."""
+    from .client import OTHER, S3Error  # here: the uploader lowers its priority before boto3 loads
 
     if isinstance(e, BadManifest):
         return {"type": "BadManifest", "cause": None, "message": str(e)}
     if not isinstance(e, S3Error):
         e = S3Error(OTHER, f"{type(e).__name__}: {e}")
-    return {"type": "NoSuchUpload" if isinstance(e, NoSuchUpload) else "S3Error", "cause": e.cause,
-            "message": str(e)}
+    return {"type": "S3Error", "cause": e.cause, "message": str(e)}
 
 
 def exception(err: dict) -> Exception:
     """The exception an "error" message stands for, of the type it had in the uploader."""
-    from .client import OTHER, NoSuchUpload, S3Error
+    from .client import OTHER, S3Error
 
     if err.get("type") == "BadManifest":
         return BadManifest(err.get("message", ""))
-    cls = NoSuchUpload if err.get("type") == "NoSuchUpload" else S3Error
-    return cls(err.get("cause") or OTHER, err.get("message", ""))
+    return S3Error(err.get("cause") or OTHER, err.get("message", ""))
