@@ -210,8 +210,15 @@ def assemble(cfg: MountConfig, devices: list | None = None, extra_xattrs: dict |
         inode = fs.ns.inodes.get(ino)
         return str(store.durable.shared(ino)).encode() if inode is not None and inode.is_reg else None
 
+    def store_shared(ino: int) -> bytes | None:
+        inode = fs.ns.inodes.get(ino)
+        got = replicator.store_shared(ino) if inode is not None and inode.is_reg else None
+        return None if got is None else str(got).encode()
+
     xattrs = {b"user.ckptfs.pid": lambda ino: str(os.getpid()).encode() if ino == ROOT_INO else None,
               b"user.ckptfs.state": state, b"user.ckptfs.shared": shared, **(extra_xattrs or {})}
+    if replicator is not None:
+        xattrs[b"user.ckptfs.store_shared"] = store_shared
     try:
         restorer = _restorer(cfg, fs, store)
         if replicator is not None:

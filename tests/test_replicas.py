@@ -296,6 +296,10 @@ def test_a_copy_is_uploaded_once_and_a_restore_fetches_it_once(tmp_path, s3, buc
         (m.path / "b.pt").write_bytes(bytes(changed))
         m.replicated(timeout=120)
         rep = replication(m)
+        shared = {n: int(os.getxattr(m.path / n, "user.ckptfs.store_shared")) for n in ("a.pt", "copy.pt", "b.pt")}
+        assert shared == {"a.pt": len(data), "copy.pt": len(data), "b.pt": len(data) - 4 * MiB}, shared
+        assert (rep["kept_bytes"], rep["stored_bytes"]) == (3 * len(data), len(data) + 4 * MiB), rep
+        assert "the store holds 16.0 MiB for 36.0 MiB of kept file versions" in ckptfs("status", str(m.path)).stdout
     finally:
         m.close()
     assert first == len(data), first

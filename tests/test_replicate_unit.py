@@ -333,3 +333,45 @@ def test_upload_arguments_come_from_the_environment_and_bad_ones_are_refused():
                       ({SSE_ENV: "AES256", KMS_KEY_ENV: "k"}, "aws:kms"), ({STORAGE_CLASS_ENV: "COLD"}, "COLD")):
         with pytest.raises(ValueError, match=word):
             upload_args(env)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3 * CHUNK)),
+                                                    max_size=4)), min_size=1, max_size=12))
+def test_the_replicators_counts_of_kept_manifests_match_a_recount(steps):
+    """Manifests join and leave the kept set in any order (format 2, and format 1 whole objects):
+    the replicator's running counts (which segments are named, what the store holds for which
+    versions, what is unnamed) equal those counted again from the kept manifests alone."""
+    from types import SimpleNamespace
+
+    from ckptfs.replicate.manifest import parse_url
+    from ckptfs.replicate.replicator import Replicator
+
+    rep = Replicator(SimpleNamespace(chunk_size=CHUNK), parse_url("s3://bkt/p"), segment=CHUNK)
+    try:
+        kept: dict[int, Manifest] = {}
+        for gen, (old_format, files) in enumerate(steps):
+            entries = []
+            for n, (version, size) in enumerate(files):
+                if old_format:
+                    entries.append(Entry(f"f{n}", REG, 0, 0, 0, ino=n, size=size, object=f"objects/{version}-{size}"))
+                else:  # version v's segment i is "s{v}-{i}" ("z" for every version's last: shared)
+                    segs = [f"segments/s{version}-{i}" if i < -(-size // CHUNK) - 1 else f"segments/z{size % CHUNK}"
+                            for i in range(-(-size // CHUNK))]
+                    entries.append(Entry(f"f{n}", REG, 0, 0, 0, ino=n, size=size, object=f"{version}-{size}",
+                                         segments=segs))
+            m = Manifest(gen, "p", gen, gen, CHUNK, entries, segment_size=0 if old_format else CHUNK)
+            rep.objects |= m.objects()
+            kept[gen] = m
+            rep._name(m, 1)
+            if len(kept) > 2 and gen % 3 == 0:  # an older one leaves
+                rep._name(kept.pop(min(kept)), -1)
+            named = set().union(*(k.objects() for k in kept.values()))
+            assert set(rep.uses) == named and rep.unnamed == rep.objects - named
+            versions = {(e.object, k.segment_size): e for k in kept.values() for e in k.entries if e.size}
+            assert rep.kept_bytes == sum(e.size for e in versions.values())
+            lengths = {key: length for k in kept.values() for e in k.entries for key, _, length in k.pieces(e)}
+            assert rep.stored_bytes == sum(lengths.values())
+            assert rep.known == {v: e.segments for (v, seg), e in versions.items() if seg == CHUNK}
+    finally:
+        rep.parts.close()

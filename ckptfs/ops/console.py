@@ -190,6 +190,8 @@ def _replication_lines(rep: dict) -> list:
                   f"{human_bytes(rep['bytes_uploaded'])} in {rep['objects_uploaded']} segment(s)"
                   + (f", {human_bytes(rep['bytes_shared'])} of new versions already stored"
                      if rep.get("bytes_shared") else "")
+                  + (f"; the store holds {human_bytes(rep['stored_bytes'])} for "
+                     f"{human_bytes(rep['kept_bytes'])} of kept file versions" if rep.get("kept_bytes") else "")
                   + ("" if rep["started"] or stopped else "; starting"))]
     up = rep.get("uploader")
     if up and up.get("starts"):

@@ -71,6 +71,9 @@ The snapshot (``ckptfs status --json``; sizes in bytes, rates in bytes/s):
                       durable change not yet in a standing manifest has waited), cycle_running,
                       bytes_uploaded, objects_uploaded (segments), bytes_shared (of new
                       versions, not uploaded: the store held those segments), versions_uploaded,
+                      kept_bytes (the distinct file versions the kept manifests name) and
+                      stored_bytes (their distinct segments: kept_bytes - stored_bytes is
+                      what content naming saves in the store),
                       objects (in the store), generation and
                       manifest_time (the newest manifest), journal_seq (its state), covered_seq,
                       manifests_written, objects_deleted, manifests_deleted, keep, rate, memory,

@@ -82,8 +82,7 @@ from ..fs.namespace import ROOT_INO
 from . import lineage, retention
 from . import segments
 from .client import CONFLICT, DEVICE, GLOBAL, OTHER, S3Error, transient
-from .manifest import (BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, manifest_generation, manifest_name,
-                       unreferenced)
+from .manifest import BadManifest, MANIFESTS, OBJECTS, Manifest, S3Url, manifest_generation, manifest_name
 from .partmem import Part, PartMemory
 from .priority import DEFAULT_PRIORITY
 from .snapshot import Version, name_segments, restoring, same_tree, take, version_key
@@ -119,6 +118,8 @@ class ReplicationStats:
     cycle_running: bool
     bytes_uploaded: int
     bytes_shared: int  # bytes of new versions not uploaded: the store held their segments
+    kept_bytes: int  # bytes of the distinct file versions the kept manifests name
+    stored_bytes: int  # bytes of their distinct segments: what the store holds for them
     objects_uploaded: int  # segments uploaded
     versions_uploaded: int  # file versions whose segments are all in the store now
     objects: int
@@ -172,7 +173,12 @@ class Replicator:
         self.progress = trio.lowlevel.ParkingLot()  # a manifest stood, or an error came or went
         self.started = False  # the prefix was listed and the newest manifests read
         self.objects: set[str] = set()  # objects the store holds (relative keys)
+        self.refs: Counter = Counter()  # (version key, segment size) -> kept manifests naming it
         self.known: dict[str, list[str]] = {}  # version key -> its segments, for the versions in kept manifests
+        self.sizes: dict[str, int] = {}  # ... and its size
+        self.uses: Counter = Counter()  # object key -> versions of kept manifests naming it
+        self.unnamed: set[str] = set()  # objects in the store no kept manifest names: collected next
+        self.kept_bytes = self.stored_bytes = 0  # bytes of those versions, and of their distinct objects
         self.uploading: dict[str, trio.Event] = {}  # segment key -> set once its upload in progress ends
         self.kept: dict[int, Manifest | None] = {}  # manifests in the store (None: unreadable)
         self.generation = 0  # the newest manifest's generation
@@ -238,7 +244,7 @@ class Replicator:
                                                      "since": self.failing_since}
         return ReplicationStats(
             str(self.target), self.started, round(self.lag(), 3), self.cycle_running, self.bytes_uploaded,
-            self.bytes_shared, self.objects_uploaded, self.versions_uploaded, len(self.objects), self.manifests_written,
+            self.bytes_shared, self.kept_bytes, self.stored_bytes, self.objects_uploaded, self.versions_uploaded, len(self.objects), self.manifests_written,
             self.objects_deleted, self.manifests_deleted, self.generation, self.last_manifest_time,
             self.standing.journal_seq if self.standing is not None else None, self.covered_seq,
             self.policy.describe(),
@@ -331,15 +337,62 @@ class Replicator:
             self._stand(newest, seq=-1)
         if newest is not None:
             self.last_manifest_time = newest.time_ns / 1e9
-        self._know()
+        for m in self.kept.values():
+            if m is not None:
+                self._name(m, 1)
+        self.unnamed = {k for k in self.objects if k not in self.uses}
         self.started = True
         log.info("replicate.started", extra={"fields": {
             "target": str(self.target), "objects": len(self.objects), "generation": self.generation}})
 
-    def _know(self) -> None:
-        """`known`: the segments of every version the kept manifests name (of this segment size)."""
-        self.known = {e.object: e.segments for m in self.kept.values()
-                      if m is not None and m.segment_size == self.segment for e in m.entries if e.segments}
+    def _name(self, m: Manifest, sign: int) -> None:
+        """Manifest `m` joins (sign 1) or leaves (-1) the kept ones: count its versions (`refs`), and
+        for a version named first or no longer, its segments (`uses`, `unnamed`), `known`, `sizes`,
+        `kept_bytes` and `stored_bytes`. The work per cycle is one pass over the manifest written
+        and those dropped, plus the segments of versions that come or go."""
+        seen = set()
+        for e in m.entries:
+            v = (e.object, m.segment_size)
+            if not e.size or v in seen:
+                continue
+            seen.add(v)
+            n = self.refs[v] + sign
+            if n:
+                self.refs[v] = n
+            else:
+                del self.refs[v]
+            if not ((sign > 0 and n == 1) or n == 0):
+                continue
+            self.kept_bytes += sign * e.size
+            if m.segment_size == self.segment:
+                if sign > 0:
+                    self.known[e.object], self.sizes[e.object] = e.segments, e.size
+                else:
+                    self.known.pop(e.object, None)
+                    self.sizes.pop(e.object, None)
+            for k, _, length in m.pieces(e):
+                u = self.uses[k] + sign
+                if u:
+                    self.uses[k] = u
+                else:
+                    del self.uses[k]
+                if sign > 0 and u == 1:
+                    self.stored_bytes += length
+                    self.unnamed.discard(k)
+                elif u == 0:
+                    self.stored_bytes -= length
+                    if k in self.objects:
+                        self.unnamed.add(k)
+
+    def store_shared(self, ino: int) -> int | None:
+        """Bytes of regular file `ino`'s replicated version (the standing manifest's) in segments that
+        other kept versions name too (an earlier save, a copy); None when it has none replicated."""
+        version = self.standing_files.get(ino)
+        segs = self.known.get(version[0]) if version is not None else None
+        size = self.sizes.get(version[0]) if version is not None else None
+        if segs is None or size is None:
+            return None
+        return sum(segments.length(i, size, self.segment) for i, k in enumerate(segs) if self.uses[k] > 1)
 
     def _stand(self, manifest: Manifest, seq: int) -> None:
         self.standing = manifest
@@ -367,7 +420,6 @@ class Replicator:
         sending = {v.key for v in missing}
         for v in versions.values():
             if v.key not in self.known and v.key not in sending:  # new, and every segment stored already
-                self.known[v.key] = v.segments
                 self.bytes_shared += v.size
         self.waiting_bytes = sum(v.size for v in missing)
         units = [u for v in missing for u in v.units()]
@@ -395,6 +447,7 @@ class Replicator:
                 return
             self.generation = manifest.generation
             self.kept[manifest.generation] = manifest
+            self._name(manifest, 1)
             self.manifests_written += 1
             self.last_manifest_time = manifest.time_ns / 1e9
             log.info("replicate.manifest", extra={"fields": {
@@ -452,11 +505,12 @@ class Replicator:
         if drop:
             await self._s3(self.target.delete, [manifest_name(g) for g in drop])
             for g in drop:
-                del self.kept[g]
+                m = self.kept.pop(g)
+                if m is not None:
+                    self._name(m, -1)
             self.manifests_deleted += len(drop)
-        kept = [m for m in self.kept.values() if m is not None]
-        self._know()
-        garbage = sorted(unreferenced(self.objects, kept))
+        garbage = sorted(self.unnamed)
+        self.unnamed.clear()
         if garbage:
             await self._s3(self.target.delete, garbage)
             self.objects.difference_update(garbage)
@@ -486,10 +540,7 @@ class Replicator:
         async with trio.open_nursery() as nursery:
             for _ in range(max(1, min(SEGMENTS_AT_ONCE, self.memory // self.segment))):
                 nursery.start_soon(worker)
-        for v in missing:
-            if None not in v.segments:
-                self.known[v.key] = v.segments
-                self.versions_uploaded += 1
+        self.versions_uploaded += sum(None not in v.segments for v in missing)
 
     async def _segment(self, v: Version, i: int) -> None:
         """Segment `i` of `v` into the store, unless it holds it already (its key known beforehand,
@@ -516,6 +567,8 @@ class Replicator:
                 del self.uploading[k]
                 done.set()
             self.objects.add(k)
+            if k not in self.uses:
+                self.unnamed.add(k)  # until the manifest that names it stands
             v.segments[i] = k
             self.bytes_uploaded += got
             self.objects_uploaded += 1
