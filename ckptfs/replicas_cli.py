@@ -174,11 +174,11 @@ def _ls(args, target, replicas) -> int:
     if not gens:
         print(f"no generation under {target.url}")
         return 0
-    print(f"{'generation':>10}  {'time':19}  {'files':>6}  {'size':>10}  pool")
+    print(f"{'generation':>10}  {'time':19}  {'files':>6}  {'size':>10}  {'new':>10}  pool")
     for g in gens:
         pool = (g.pool or "?")[:12] if g.error is None else f"unreadable: {g.error}"
         print(f"{g.generation:>10}  {_when(g.time):19}  {g.files if g.files is not None else '?':>6}  "
-              f"{_size(g.bytes):>10}  {pool}")
+              f"{_size(g.bytes):>10}  {_size(g.new_bytes):>10}  {pool}")
     print(f"{len(gens)} generation(s)")
     return 0
 

@@ -322,6 +322,9 @@ def test_a_copy_is_uploaded_once_and_a_restore_fetches_it_once(tmp_path, s3, buc
     out = tmp_path / "back"
     replicas("restore", url, str(out), "--s3-endpoint", s3.endpoint)
     assert {n: (out / n).read_bytes() for n in want} == want
+    listed = json.loads(replicas("ls", url, "--s3-endpoint", s3.endpoint, "--json").stdout)
+    new = [g["new_bytes"] for g in listed]  # what each generation added (the copy may have one of its own)
+    assert new[0] == len(data) and sum(new[1:]) == 4 * MiB, listed
     verify(s3, url)
 
 

@@ -2,7 +2,9 @@
 
 What `ckptfs replicas ...` runs (cli.py), on a `Target` (client.py), blocking:
 
-    generations(target)      every manifest: number, time, files, bytes, the pool that wrote it
+    generations(target)      every manifest: number, time, files, bytes, the bytes of the
+                             objects it names that no older one names (what it added to
+                             the store), the pool that wrote it
     parse_at(text, now)      --at TIME: an ISO 8601 time (local unless it has an offset) or a
                              span ago (90m, 2h, 1d) -> wall-clock seconds
     choose(target, generation=None, at=None)
@@ -60,6 +62,7 @@ class Generation:
     bytes: int | None
     pool: str | None
     error: str | None = None
+    new_bytes: int | None = None  # its objects no older generation names
 
 
 def _manifests(target: Target):
@@ -73,12 +76,19 @@ def _manifests(target: Target):
 
 def generations(target: Target) -> list[Generation]:
     out = []
+    seen: set[str] = set()
     for g, m in _manifests(target):
         if isinstance(m, BadManifest):
             out.append(Generation(g, None, None, None, None, str(m)))
             continue
         files = {e.ino or id(e): e.size for e in m.entries if stat.S_ISREG(e.mode)}
-        out.append(Generation(g, m.time_ns / 1e9, len(files), sum(files.values()), m.pool))
+        new = 0
+        for e in m.entries:
+            for key, _, length in m.pieces(e):
+                if key not in seen:
+                    seen.add(key)
+                    new += length
+        out.append(Generation(g, m.time_ns / 1e9, len(files), sum(files.values()), m.pool, new_bytes=new))
     return out
 
 
