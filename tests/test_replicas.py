@@ -278,13 +278,15 @@ def test_a_training_loop_saving_every_step_through_a_store_outage_loses_nothing(
     verify(s3, url)
 
 
-def test_a_copy_is_uploaded_once_and_a_restore_fetches_it_once(tmp_path, s3, bucket):
+@pytest.mark.parametrize("dedupe", ["on", "off"])
+def test_a_copy_is_uploaded_once_and_a_restore_fetches_it_once(tmp_path, s3, bucket, dedupe):
     """`shutil.copy` of a checkpoint inside the mount, and a second save of it with one region
     changed: the copy uploads nothing (its segments are the original's), the changed save only
     the segment it touched; a fresh pool restoring all three GETs each segment once, and every
-    file comes back bit-exact, through the mount and through `replicas restore`."""
+    file comes back bit-exact, through the mount and through `replicas restore`. With dedupe
+    off the journal has no digests: the uploader process names each segment from its bytes."""
     url = f"s3://{bucket}/node0"
-    m = replicating(tmp_path, s3, bucket)
+    m = replicating(tmp_path, s3, bucket, "--dedupe", dedupe)
     data = os.urandom(12 * MiB + 5)
     changed = bytearray(data)
     changed[5 * MiB:5 * MiB + 100] = os.urandom(100)

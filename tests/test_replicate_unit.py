@@ -180,8 +180,9 @@ def test_segment_keys_from_the_journal_are_the_keys_of_the_bytes(size, holes, fi
     seg = per * CHUNK
     _, versions = take(s, pool="p", seq=1, chunk_size=CHUNK, time_ns=1, segment_size=seg)
     (v,) = versions.values()
-    from_bytes = [segments.key_from_bytes(memoryview(bytes(data[i * seg:(i + 1) * seg])), size, CHUNK,
-                                          v.extents, i, seg) for i in range(segments.count(size, seg))]
+    from_bytes = [segments.key_from_bytes(memoryview(bytes(data[i * seg:(i + 1) * seg])),
+                                          segments.layout(size, CHUNK, v.extents, i, seg))
+                  for i in range(segments.count(size, seg))]
     assert v.segments == from_bytes
 
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from ckptfs.replicate import segments
 from ckptfs.replicate.client import NO_BUCKET, UPLOADER, S3Error
 from ckptfs.replicate.manifest import BadManifest, manifest_name, parse_url
 from ckptfs.replicate.partmem import PartMemory
 from ckptfs.replicate.uploader_proc import Uploader
+from ckptfs.store.dedupe import digest
 from mounting import CkptMount, ckptfs
 from waiting import poll
 from test_replicate import bucket, check_complete, manifests, replicating, replication  # noqa: F401 - fixture
@@ -81,6 +83,10 @@ def test_calls_go_through_the_process_bit_exact_and_errors_keep_their_types(s3, 
         part = await parts.take(12 * MiB)
         part.view[:len(big)] = big
         await up.put("objects/big", part.body(len(big)))
+        layout = [(MiB, MiB), (MiB, 1000), (MiB, 0)]  # a whole piece, a short one, a hole
+        want = segments.key([(MiB, MiB, digest(big[:MiB])), (MiB, 1000, digest(big[MiB:MiB + 1000])),
+                              (MiB, 0, segments.EMPTY)])
+        assert await up.segment_key(part.body(3 * MiB), layout) == want
         parts.give_back(part)
         parts.give_back(buf)
         await up.put(manifest_name(1), b"not a manifest")

@@ -22,8 +22,8 @@ A cycle:
    replication, as `--max-lag` keeps them from starving the journal.
 3. **Upload** the missing segments, one PUT each. A segment is read
    (source.py: arena or devices, CRC-checked) into a part buffer; one whose
-   key is not known yet is named from those bytes (BLAKE3, in a worker
-   thread), and not sent when the store holds it (`bytes_shared`). A
+   key is not known yet is named from those bytes (BLAKE3, by the uploader
+   process), and not sent when the store holds it (`bytes_shared`). A
    segment two versions share is uploaded once, the second waiting for the
    first. The buffers in use or kept for reuse never exceed
    `--replicate-memory`; a token bucket caps the bandwidth
@@ -553,9 +553,9 @@ class Replicator:
         buf = await self.parts.take(self.segment)
         try:
             got = await self._read(v, i * self.segment, buf)
-            if k is None:
-                k = await trio.to_thread.run_sync(segments.key_from_bytes, buf.view[:got], v.size,
-                                                  self.store.chunk_size, v.extents, i, self.segment)
+            if k is None:  # hashed by the uploader process, at its priority
+                k = await self._s3(self.target.segment_key, buf.body(got),
+                                   segments.layout(v.size, self.store.chunk_size, v.extents, i, self.segment))
                 if await self._stored(k):
                     self._shared(v, i, k, n)
                     return

@@ -20,7 +20,8 @@ of its segments already in the store, and only the rest are uploaded.
 `keys(...)` names a version's segments from the digests the journal keeps
 (`durable.digests`); where one is missing (dedupe off, or an extent older
 than the digests kept) it returns None, and the replicator reads the
-segment and takes the digests itself (`key_from_bytes`).
+segment and has the uploader process, at its low priority, take the
+digests from the bytes (`key_from_bytes`).
 """
 from __future__ import annotations
 
@@ -89,12 +90,17 @@ def keys(size: int, chunk_size: int, seg: int, extents: dict, digest_of) -> list
     return out
 
 
-def key_from_bytes(view, size: int, chunk_size: int, extents: dict, i: int, seg: int) -> str:
-    """In a worker thread: the key of segment `i` from its bytes (`view`, as read)."""
+def layout(size: int, chunk_size: int, extents: dict, i: int, seg: int) -> list[tuple[int, int]]:
+    """(piece length, bytes held) of each piece of segment `i`: what `key_from_bytes` needs."""
+    return [(plen, held(plen, ext)) for _idx, plen, ext in pieces(size, chunk_size, extents, i, seg)]
+
+
+def key_from_bytes(view, layout) -> str:
+    """The key of a segment from its bytes (`view`, as read) and its `layout`; BLAKE3 of every
+    held byte (the uploader process does it: uploader.py)."""
     items = []
     pos = 0
-    for _idx, plen, ext in pieces(size, chunk_size, extents, i, seg):
-        n = held(plen, ext)
+    for plen, n in layout:
         items.append((plen, n, blake3(view[pos:pos + n]).digest() if n else EMPTY))
         pos += plen
     return key(items)

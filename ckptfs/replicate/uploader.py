@@ -19,7 +19,10 @@ settings as in the daemon) and says "ready". Its main thread then reads
 frames (wire.py): a "map" brings a memfd (SCM_RIGHTS) of part buffers
 (partmem.py), mapped here too; a "call" goes to a pool of `connections`
 threads, which run the Target call, the payload a view of the shared
-memory (no copy), and write the answer back under a lock. End of file on
+memory (no copy), and write the answer back under a lock. One call is not
+the store's: `segment_key` takes the BLAKE3 key of a segment from its bytes
+in shared memory (segments.py), the daemon's other hashing work that would
+otherwise compete with the trainer. End of file on
 the socket (the daemon closed it, or died) ends the process at once:
 calls still in flight are abandoned, the daemon retries them.
 """
@@ -35,7 +38,7 @@ import socket
 import sys
 import threading
 
-from . import priority, wire
+from . import priority, segments, wire
 
 PR_SET_PDEATHSIG = 1
 MAX_FDS = 8  # file descriptors one read of the socket takes
@@ -75,7 +78,7 @@ class Body:
 
 
 # the Target calls (client.py) replication makes
-CALLS = frozenset({"list", "put", "put_new", "delete", "manifest"})
+CALLS = frozenset({"list", "put", "put_new", "delete", "manifest", "segment_key"})
 
 
 class Server:
@@ -140,7 +143,10 @@ class Server:
             elif body is not None:
                 region, offset, length = body
                 args.append(Body(memoryview(self.maps[region])[offset:offset + length]))
-            result = getattr(self.target, name)(*args)
+            if name == "segment_key":  # not the store's: the key of a segment from its bytes
+                result = segments.key_from_bytes(args[1].view, args[0])
+            else:
+                result = getattr(self.target, name)(*args)
             if name == "manifest":
                 result = result.encode()
             if isinstance(result, bytes):

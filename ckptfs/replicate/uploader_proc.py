@@ -130,6 +130,10 @@ class Uploader:
     async def delete(self, rels: list[str]) -> None:
         await self.call("delete", rels)
 
+    async def segment_key(self, body, layout: list) -> str:
+        """segments.key_from_bytes of a part's `body(n)`, in the process (BLAKE3 there, not here)."""
+        return await self.call("segment_key", layout, body=body)
+
     async def manifest(self, generation: int) -> Manifest:
         return Manifest.decode(await self.call("manifest", generation), manifest_name(generation))
 
