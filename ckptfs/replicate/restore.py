@@ -388,9 +388,14 @@ class Restorer:
             raise RestoreError(job.failed.get(bad[0]) or f"chunk {bad[0]} of inode {job.ino} was not restored")
 
     def _start_fetch(self, job: FileJob, first: int, last: int, *, demand: bool) -> None:
+        """Chunks first..last of the job's file, and those of other files that name the same
+        segment there (`_twins`), are in flight from now on: claimed here, in one step, so two
+        fetches started back to back never both GET one segment."""
         for i in range(first, last + 1):
             job.inflight[i] = trio.Event()
-        self.nursery.start_soon(self._fetch_run, job, first, last, demand)
+        key, off = self._object_of(job, first)
+        twins = self._twins(job, key, first, last) if job.span else []
+        self.nursery.start_soon(self._fetch_run, job, first, last, demand, key, off, twins)
 
     def _object_of(self, job: FileJob, first: int) -> tuple[str, int]:
         """The key of the object holding chunk `first` of the job's file, and the file offset it starts at."""
@@ -418,11 +423,10 @@ class Restorer:
                 out.append((other, at, idx))
         return out
 
-    async def _fetch_run(self, job: FileJob, first: int, last: int, demand: bool) -> None:
+    async def _fetch_run(self, job: FileJob, first: int, last: int, demand: bool, key: str, off: int,
+                         twins: list) -> None:
         entry, cs = job.entry, job.chunk_size
         start, end = plan.byte_range(first, last, entry.size, cs)
-        key, off = self._object_of(job, first)
-        twins = self._twins(job, key, first, last) if job.span else []
         what = f"/{entry.path}"
         try:
             if not demand:
