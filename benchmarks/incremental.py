@@ -17,7 +17,8 @@ one server for the whole run). Workloads, in this order:
 Per save: bytes written to the devices (the daemon's per-device counters, its journal included)
 and bytes uploaded (its replication counter), each as a fraction of the file's size; blocked
 time (`torch.save` or the copy), time to durable (until `ckptfs.wait_durable`) and the daemon's
-CPU seconds until the save is uploaded (per GiB saved: absorb, drain, replicate). And,
+CPU seconds until the save is uploaded (per GiB saved: absorb, drain, replicate) and the uploader
+process's (signing and sending, and with dedupe off naming the segments). And,
 read back from the mount, the fraction of the file's pool-sized chunks whose bytes repeat a chunk
 of an earlier save or an earlier chunk of the same file (BLAKE2b-256): what a dedupe of fixed
 chunks at the pool's chunk size could skip at most (`repeat`). Ratios on / off, round by round:
@@ -51,10 +52,13 @@ BUCKET = "bench"
 SIDE = 4096
 
 
-def counters(mp: Path) -> tuple[int, int]:
-    """(bytes written to all devices, bytes uploaded to the store) so far, by the daemon's count."""
+def counters(mp: Path) -> tuple[int, int, float]:
+    """(bytes written to all devices, bytes uploaded to the store, the uploader process's CPU
+    seconds) so far, by the daemon's count."""
     st = status(mp, window=0.1)
-    return sum(d["bytes_written"] for d in st["pool"]["devices"]), st["replication"]["bytes_uploaded"]
+    rep = st["replication"]
+    return (sum(d["bytes_written"] for d in st["pool"]["devices"]), rep["bytes_uploaded"],
+            rep["uploader"]["cpu_s"])
 
 
 class Repeats:
@@ -98,7 +102,7 @@ def step(net, opt) -> None:
 def measure(mp: Path, pid: int, name: str, act, repeats: Repeats) -> dict:
     """One save: `act()` writes mp/name; the costs (the daemon's CPU until the file is replicated)
     and the repeat share of the result (read back after)."""
-    dev0, up0 = counters(mp)
+    dev0, up0, ucpu0 = counters(mp)
     cpu0 = proc_cpu_seconds(pid)
     t0 = time.perf_counter()
     act()
@@ -107,9 +111,10 @@ def measure(mp: Path, pid: int, name: str, act, repeats: Repeats) -> dict:
     durable = time.perf_counter() - t0
     wait_replicated(mp / name)
     cpu = proc_cpu_seconds(pid) - cpu0
-    dev1, up1 = counters(mp)
+    dev1, up1, ucpu1 = counters(mp)
     size = (mp / name).stat().st_size
     return {"name": name, "size": size, "blocked": blocked, "durable": durable, "daemon_cpu": cpu,
+            "uploader_cpu": ucpu1 - ucpu0,
             "device_fraction": (dev1 - dev0) / size, "upload_fraction": (up1 - up0) / size,
             "repeat": repeats.share(mp / name)}
 
@@ -153,7 +158,7 @@ def run(args, srv: S3Server, rnd: int, dedupe: str) -> dict:
     with mounted(mp, fresh, args.memory, extra=("--restore-from", url, *extra)) as pid:
         t0 = time.perf_counter()
         wait_replicated(mp)
-        _, up = counters(mp)
+        _, up, _ = counters(mp)
         out["restore"] = [{"name": "tree", "size": tree, "seconds": time.perf_counter() - t0,
                            "upload_fraction": up / tree}]
     shutil.rmtree(scratch, ignore_errors=True)
@@ -193,12 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             summary[mode][kind]["size_gib"] = saves[0]["size"] / GiB
             gib = sum(s["size"] for s in saves) / GiB
             summary[mode][kind]["daemon_cpu_per_gib"] = sum(s["daemon_cpu"] for s in saves) / gib
+            summary[mode][kind]["uploader_cpu_per_gib"] = sum(s["uploader_cpu"] for s in saves) / gib
             s = summary[mode][kind]
             print(f"dedupe {mode:3s} {kind:9s} {s['size_gib']:.2f} GiB/save: device "
                   f"{s['device_fraction']['median']:.2f}, upload {s['upload_fraction']['median']:.2f}, repeat at "
                   f"{rounds[0][mode]['chunk'] // MiB} MiB chunks {s['repeat']['median']:.2f}; blocked "
                   f"{s['blocked']['median']:.2f} s, durable {s['durable']['median']:.2f} s, daemon CPU "
-                  f"{s['daemon_cpu_per_gib']:.2f} s/GiB")
+                  f"{s['daemon_cpu_per_gib']:.2f} s/GiB, uploader CPU {s['uploader_cpu_per_gib']:.2f} s/GiB")
     summary["restore"] = {"upload_fraction": stats([r["on"]["restore"][0]["upload_fraction"] for r in rounds])}
     print(f"restore   upload {summary['restore']['upload_fraction']['median']:.2f} of the restored tree")
     def each(mode: str, kind: str, k: str) -> list[float]:

@@ -233,18 +233,19 @@ def incremental_md(d: dict) -> str:
     a, s = d["args"], d["summary"]
     rows = [[kind, mode, f"{s[mode][kind]['size_gib']:.2f}", fs(s[mode][kind]["device_fraction"]),
              fs(s[mode][kind]["upload_fraction"]), fs(s[mode][kind]["repeat"]), fs(s[mode][kind]["blocked"]),
-             fs(s[mode][kind]["durable"]), f"{s[mode][kind]['daemon_cpu_per_gib']:.2f}"]
+             fs(s[mode][kind]["durable"]), f"{s[mode][kind]['daemon_cpu_per_gib']:.2f}",
+             f"{s[mode][kind].get('uploader_cpu_per_gib', float('nan')):.2f}"]
             for kind in ("finetune", "copy", "full") for mode in ("off", "on")]
-    rows.append(["restore", "on", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–", "–"])
+    rows.append(["restore", "on", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–", "–", "–"])
     return (f"{a['layers']} Linear layers of 4096 x 4096, {a['trainable']} trained with Adam, a `torch.save` of "
             f"model and optimizer every step under a new name (the first save of a round is not counted); then a "
             f"copy of the newest inside the mount, one save with every layer trained, and a fresh pool restored "
             f"from the store; each with `--dedupe off` and `on`. Device and upload: bytes written or uploaded per "
             f"save as a fraction of its size. Repeat: the fraction of its chunks whose bytes an earlier chunk "
-            f"already had (the most a dedupe of fixed chunks could skip). Daemon CPU: seconds per GiB saved "
-            f"until the save is uploaded.\n\n" +
+            f"already had (the most a dedupe of fixed chunks could skip). Daemon and uploader CPU: seconds per "
+            f"GiB saved until the save is uploaded, of the daemon and of its uploader process.\n\n" +
             table(["save", "dedupe", "GiB", "device", "upload", "repeat", "blocked (s)", "durable (s)",
-                   "daemon CPU s/GiB"], rows) + "\n\n" +
+                   "daemon CPU s/GiB", "uploader CPU s/GiB"], rows) + "\n\n" +
             table(["ratio, round by round", "median (min–max)"], [[k, fs(v)] for k, v in d["ratios"].items()]))
 
 
