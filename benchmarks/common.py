@@ -44,9 +44,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --- the CLI and mounts ----------------------------------------------------------------------
 
-def case_args(doc: str, argv: list[str] | None, *, size: str, memory: str, scratch: str):
+def case_args(doc: str, argv: list[str] | None, *, size: str, memory: str, scratch: str, extra=None):
     """The options every restore-like case takes (--size, --repeats, --memory, --scratch), parsed;
-    `scratch` names its folder under SCRATCH."""
+    `scratch` names its folder under SCRATCH; `extra(parser)` adds a case's own."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
@@ -54,6 +54,8 @@ def case_args(doc: str, argv: list[str] | None, *, size: str, memory: str, scrat
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory", default=memory)
     ap.add_argument("--scratch", type=Path, default=SCRATCH / scratch)
+    if extra is not None:
+        extra(ap)
     return ap.parse_args(argv)
 
 

@@ -1,8 +1,11 @@
 """Restore from an object store: time to the first torch.load and to all-local, vs a plain boto3 download.
 
 A real S3 server (SeaweedFS `weed mini` on 127.0.0.1, as in the tests) holds
-a published tree (tests/s3seed.py, the uploader's layout): one random state
-dict saved with torch.save (512 MiB by default) and a second file as large.
+a published tree (tests/s3seed.py): one random state dict saved with
+torch.save (512 MiB by default) and a second file as large, twice: in the
+replicator's layout (4 MiB segments, manifest format 2; `--layout whole`:
+one object per file, format 1), which ckptfs restores, and as whole files,
+which boto3 downloads.
 Each round, in rotated order:
 
   ckptfs  `mount --format --restore-from s3://...` on two fresh file devices,
@@ -40,6 +43,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from s3seed import publish  # noqa: E402
 from s3server import S3Server  # noqa: E402
 
+from ckptfs.replicate.segments import segment_size  # noqa: E402
+
 
 def restore_status(mp: Path) -> dict:
     out = subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mp), "--json"], capture_output=True,
@@ -67,7 +72,7 @@ def via_boto3(client, bucket: str, manifest, dest: Path, expect: dict | None) ->
         if e.object:
             path = dest / e.path
             path.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, "tree/" + e.object, str(path))
+            client.download_file(bucket, "whole/" + e.object, str(path))
             fsync_path(path)
     local = time.perf_counter() - t0
     sd = torch.load(dest / "ckpt.pt", map_location="cpu", weights_only=True)
@@ -82,7 +87,9 @@ def check(sd: dict, expect: dict | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = case_args(__doc__, argv, size="512M", memory="2G", scratch="restore_s3")  # --size: each of 2 files
+    args = case_args(__doc__, argv, size="512M", memory="2G", scratch="restore_s3",  # --size: each of 2 files
+                     extra=lambda ap: ap.add_argument("--layout", choices=("segments", "whole"), default="segments"))
+    seg = segment_size(1 << 20) if args.layout == "segments" else 0
     size = parse_size(args.size)
     scratch = args.scratch.resolve()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -100,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         sd = random_state_dict(size, seed=5)
         torch.save(sd, tree / "ckpt.pt")
         (tree / "other.bin").write_bytes(os.urandom(size))
-        manifest = publish(client, "bench", "tree", tree)
+        publish(client, "bench", "tree", tree, segment_size=seg)  # what ckptfs restores
+        manifest = publish(client, "bench", "whole", tree)  # what boto3 downloads
         nbytes = sum(e.size for e in manifest.entries if e.object)
         shutil.rmtree(tree)
         devices = file_devices(scratch / "devices", 2, nbytes + GiB)
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(),
             "config": {"size": args.size, "bytes": nbytes, "files": 2, "repeats": args.repeats,
                        "memory": args.memory, "server": "SeaweedFS weed mini on 127.0.0.1",
+                       "layout": args.layout,
                        "ckptfs_devices": "2 sparse files on the root disk", "boto3": "download_file + fsync"},
             "rows": rows, "ratios": ratios, "targets": tgts}
     print(f"  a plain mount --format costs {rows['ckptfs']['mount_only_s']['median']:.2f} s of ckptfs's times")

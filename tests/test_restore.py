@@ -218,9 +218,10 @@ class Published:
         self.node = tmp_path / "node"
         self.url = f"s3://{bucket}/node0"
 
-    def publish(self) -> Manifest:
+    def publish(self, segment_size: int = 0) -> Manifest:
+        """Format 1 (a whole object per file) unless `segment_size` asks for format 2."""
         from s3seed import publish
-        return publish(self.client, self.bucket, "node0", self.tree)
+        return publish(self.client, self.bucket, "node0", self.tree, segment_size=segment_size)
 
     def mount(self, *more: str) -> CkptMount:
         m = CkptMount(self.node, memory="256M")
@@ -239,9 +240,10 @@ def source(s3, tmp_path, monkeypatch, request):
 
 
 @pytest.mark.mount
-def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source):
+@pytest.mark.parametrize("segment_size", [0, 2 * CS], ids=["format1", "segments"])
+def test_restore_shows_the_tree_and_every_file_is_bit_exact_then_local(source, segment_size):
     _tree(source.tree)
-    source.publish()
+    source.publish(segment_size)
     want = _walk(source.tree)
     m = source.mount("--metrics-port", "0")
     try:
