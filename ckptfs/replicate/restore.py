@@ -24,9 +24,10 @@ that segment and misses those chunks (`users`), which do not fetch them.
 Demand fetches (a read that waits) have their own slots (`DEMAND_SLOTS`), so
 they never queue behind the background, and start a read-ahead of the next
 READAHEAD chunks. The background fetches every file, newest first, with
-`concurrency` GETs in flight (memory in flight at most
-(concurrency + DEMAND_SLOTS) x RUN_BYTES, plus the arena, whose backpressure
-it waits on like any writer) and an optional byte rate. Failed fetches are
+`concurrency` GETs in flight (twice as many of 4 MiB segments: the same
+bytes; memory in flight at most (concurrency + DEMAND_SLOTS) x RUN_BYTES,
+plus the arena, whose backpressure it waits on like any writer) and an
+optional byte rate. Failed fetches are
 retried with backoff; their causes show in `statistics()` (ckptfs status,
 the control API, metrics) and in the log. Every object-store call goes
 through client.py's `Target` (one line per failure, with its cause); tree.py's
@@ -74,6 +75,7 @@ log = logging.getLogger("ckptfs.restore")
 RUN_BYTES = 8 << 20  # one GET fetches at most this many bytes of consecutive chunks
 READAHEAD_BYTES = 16 << 20  # fetched ahead of a reader that waited
 DEMAND_SLOTS = 4  # GETs in flight for reads that wait, beside the background's
+MAX_WIDEN = 2  # background GETs in flight per `concurrency`, for segments of half a run or less
 COMMIT_BYTES = 64 << 20  # a file's restored progress is committed at least every this many bytes
 COMMIT_SECONDS = 1.0  # ... and every this many seconds while it grows (bounds the journal's share)
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between retries of failed background fetches
@@ -176,7 +178,8 @@ class Restorer:
     # ---- setup (before serving, no awaits) ------------------------------------
     def _target(self) -> Target:
         if self.target is None:
-            self.target = Target(self.url, self.source.endpoint, connections=self.concurrency + DEMAND_SLOTS + 2)
+            self.target = Target(self.url, self.source.endpoint,
+                                 connections=self.concurrency * MAX_WIDEN + DEMAND_SLOTS + 2)
         return self.target
 
     def use_manifest(self, manifest: Manifest) -> None:
@@ -185,6 +188,9 @@ class Restorer:
         cs = manifest.chunk_size
         if cs != self.store.chunk_size:
             raise tree.SourceError(f"the manifest's chunk size {cs} differs from the pool's {self.store.chunk_size}")
+        if manifest.segment_size:  # GETs of a segment at most: more of them, the same bytes in flight
+            widen = max(1, min(MAX_WIDEN, RUN_BYTES // manifest.segment_size))
+            self.bg_limiter.total_tokens = self.concurrency * widen
         for job in list(self.jobs.values()):
             entry = by_object.get(job.object)
             if entry is None or entry.size != job.size:
@@ -293,7 +299,7 @@ class Restorer:
             jobs.sort(key=lambda j: order[id(j.entry)])
             failures = self.errors_total
             async with trio.open_nursery() as batch:
-                slots = trio.Semaphore(self.concurrency)
+                slots = trio.Semaphore(self.bg_limiter.total_tokens)
                 for job in jobs:
                     for first, last in plan.runs(job.missing, max(1, RUN_BYTES // job.chunk_size), job.span):
                         if not job.active:
