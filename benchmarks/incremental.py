@@ -26,7 +26,8 @@ blocked and durable time of the fine-tuning and the full-training saves. The tar
 issue's. The restore runs with dedupe on only: a restored pool names each file it brought back
 unchanged by the version it came from, whose segments the store holds, so it uploads none of
 them again, either way. Uploads are by 4 MiB segment named by content (replicate/segments.py),
-with dedupe on or off: off, the replicator reads each new version to name its segments.
+with dedupe on or off: off, the daemon reads each new version and the uploader process hashes
+it to name its segments.
 
 usage: python benchmarks/incremental.py [--layers 20] [--trainable 1] [--steps 3] [--repeats 1]
 """

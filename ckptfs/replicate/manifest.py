@@ -38,6 +38,7 @@ import stat
 from dataclasses import dataclass, field
 
 from ..errors import FsError
+from . import segments
 
 FORMAT = 2
 READS = (1, 2)  # the formats this ckptfs restores from
@@ -136,7 +137,8 @@ class Entry:
     def from_json(cls, d: dict) -> Entry:
         return cls(path=d["path"], mode=d["mode"], uid=d["uid"], gid=d["gid"], mtime_ns=d["mtime_ns"],
                    ino=d.get("ino", 0), size=d.get("size", 0), object=d.get("object", ""),
-                   crcs=list(d.get("crcs", [])), segments=list(d.get("segments", [])), target=_unb64(d.get("target", "")), rdev=d.get("rdev", 0),
+                   crcs=list(d.get("crcs", [])), segments=list(d.get("segments", [])),
+                   target=_unb64(d.get("target", "")), rdev=d.get("rdev", 0),
                    xattrs={_unb64(k): _unb64(v) for k, v in d.get("xattrs", {}).items()})
 
 
@@ -161,7 +163,7 @@ class Manifest:
         if not self.segment_size:
             return [(e.object, 0, e.size)] if e.size else []
         seg = self.segment_size
-        return [(k, i * seg, min(seg, e.size - i * seg)) for i, k in enumerate(e.segments)]
+        return [(k, i * seg, segments.length(i, e.size, seg)) for i, k in enumerate(e.segments)]
 
     def encode(self) -> bytes:
         return json.dumps({"format": FORMAT, "generation": self.generation, "pool": self.pool,
@@ -195,7 +197,7 @@ class Manifest:
         if seg and seg % self.chunk_size:
             raise ValueError(f"segment size {seg} is not a whole number of {self.chunk_size}-byte chunks")
         for e in self.entries:
-            if seg and e.size and len(e.segments) != -(-e.size // seg):
+            if seg and e.size and len(e.segments) != segments.count(e.size, seg):
                 raise ValueError(f"entry {e.path!r}: {len(e.segments)} segments for {e.size} bytes")
 
 

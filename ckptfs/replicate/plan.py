@@ -31,6 +31,7 @@ import stat
 from dataclasses import asdict, dataclass
 
 from ..fs.namespace import CONTENT_XATTR
+from . import segments
 from .manifest import Entry, Manifest
 
 SOURCE_XATTR = b"ckptfs.restore.source"
@@ -113,19 +114,14 @@ def root_entry(manifest: Manifest) -> Entry | None:
     return next((e for e in manifest.entries if is_root(e)), None)
 
 
-def chunk_length(idx: int, size: int, chunk_size: int) -> int:
-    return max(0, min(chunk_size, size - idx * chunk_size))
-
-
 def missing_chunks(size: int, chunk_size: int, crcs: list[int], extents: dict) -> list[int]:
     """Chunks of a file of `size` bytes not yet on the devices as the manifest has them.
 
     `extents`: chunk index -> an object with `length` and `crc` (the file's durable extents)."""
-    n = -(-size // chunk_size)
     out = []
-    for i in range(n):
+    for i in range(segments.count(size, chunk_size)):
         ext = extents.get(i)
-        want = chunk_length(i, size, chunk_size)
+        want = segments.length(i, size, chunk_size)
         if ext is None or ext.length != want or i >= len(crcs) or ext.crc != crcs[i]:
             out.append(i)
     return out

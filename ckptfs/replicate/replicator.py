@@ -244,7 +244,8 @@ class Replicator:
                                                      "since": self.failing_since}
         return ReplicationStats(
             str(self.target), self.started, round(self.lag(), 3), self.cycle_running, self.bytes_uploaded,
-            self.bytes_shared, self.kept_bytes, self.stored_bytes, self.objects_uploaded, self.versions_uploaded, len(self.objects), self.manifests_written,
+            self.bytes_shared, self.kept_bytes, self.stored_bytes, self.objects_uploaded, self.versions_uploaded,
+            len(self.objects), self.manifests_written,
             self.objects_deleted, self.manifests_deleted, self.generation, self.last_manifest_time,
             self.standing.journal_seq if self.standing is not None else None, self.covered_seq,
             self.policy.describe(),
@@ -415,8 +416,7 @@ class Replicator:
         manifest, versions = take(store.durable, pool=self.pool, seq=seq,
                                   chunk_size=store.chunk_size, time_ns=int(self.clock() * 1e9),
                                   generation=self.generation + 1, segment_size=self.segment, known=self.known)
-        missing = [v for v in versions.values()
-                   if v.segments is None or any(k not in self.objects for k in v.segments)]
+        missing = [v for v in versions.values() if v.segments is None or not self.objects.issuperset(v.segments)]
         sending = {v.key for v in missing}
         for v in versions.values():
             if v.key not in self.known and v.key not in sending:  # new, and every segment stored already
@@ -427,8 +427,7 @@ class Replicator:
         for dev, unit in units:
             store.alloc.claim(dev, unit)  # pinned: not reused while we read them
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._upload_all, missing, failed, nursery.cancel_scope)
+            await self._upload_all(missing, failed)
         finally:
             for dev, unit in units:
                 store.alloc.release(dev, unit)
@@ -517,7 +516,7 @@ class Replicator:
             self.objects_deleted += len(garbage)
 
     # ---- uploads -------------------------------------------------------------------------
-    async def _upload_all(self, missing: list[Version], failed: list, cycle: trio.CancelScope) -> None:
+    async def _upload_all(self, missing: list[Version], failed: list) -> None:
         """Every segment of `missing` the store does not hold yet, `memory // segment` at once; a
         permanent failure is appended to `failed` (one that concerns every call, such as refused
         credentials, cancels the rest of the cycle)."""
@@ -534,7 +533,7 @@ class Replicator:
                     self._failed(e)
                     failed.append(e)
                     if e.cause in GLOBAL:
-                        cycle.cancel()
+                        nursery.cancel_scope.cancel()
                     return
 
         async with trio.open_nursery() as nursery:

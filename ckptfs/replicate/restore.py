@@ -414,7 +414,7 @@ class Restorer:
     def _twins(self, job: FileJob, key: str, first: int, last: int) -> list[tuple[FileJob, int, list[int]]]:
         """Other files naming segment `key` whose chunks at the place of `first..last` are missing and
         not on their way: (job, the chunk at `first`'s place, those chunks), marked in flight."""
-        base = first - first // job.span * job.span if job.span else 0
+        base = first % job.span if job.span else 0
         out = []
         for other, start in self.users.get(key, ()):
             if (other is job and start + base == first) or not other.active or other.entry is None:
@@ -463,13 +463,9 @@ class Restorer:
                 job.failed[i] = f"internal error: {e}"
             self.record_error(f"internal error restoring {what}: {e}")
         finally:
-            for i in range(first, last + 1):
-                event = job.inflight.pop(i, None)
-                if event is not None:
-                    event.set()
-            for other, _, idx in twins:
-                for i in idx:
-                    event = other.inflight.pop(i, None)
+            for owner, chunks in [(job, range(first, last + 1)), *((o, idx) for o, _, idx in twins)]:
+                for i in chunks:
+                    event = owner.inflight.pop(i, None)
                     if event is not None:
                         event.set()
 

@@ -39,13 +39,14 @@ def segment_size(chunk_size: int, base: int = SEGMENT_BYTES) -> int:
     return max(chunk_size, base // chunk_size * chunk_size)
 
 
-def count(size: int, seg: int) -> int:
-    return -(-size // seg)
+def count(size: int, unit: int) -> int:
+    """Pieces of a file of `size` bytes cut every `unit` bytes (segments, or chunks)."""
+    return -(-size // unit)
 
 
-def length(i: int, size: int, seg: int) -> int:
-    """Bytes of segment `i` of a file of `size` bytes."""
-    return max(0, min(seg, size - i * seg))
+def length(i: int, size: int, unit: int) -> int:
+    """Bytes of piece `i` of a file of `size` bytes cut every `unit` bytes (segments, or chunks)."""
+    return max(0, min(unit, size - i * unit))
 
 
 def key(pieces) -> str:
@@ -60,11 +61,8 @@ def key(pieces) -> str:
 def pieces(size: int, chunk_size: int, extents: dict, i: int, seg: int):
     """(chunk index, piece length, extent or None) of each piece of segment `i`."""
     first = i * seg // chunk_size
-    end = i * seg + length(i, size, seg)
-    out = []
-    for idx in range(first, -(-end // chunk_size)):
-        out.append((idx, min(chunk_size, size - idx * chunk_size), extents.get(idx)))
-    return out
+    end = count(i * seg + length(i, size, seg), chunk_size)
+    return [(idx, length(idx, size, chunk_size), extents.get(idx)) for idx in range(first, end)]
 
 
 def held(plen: int, ext) -> int:
