@@ -381,3 +381,34 @@ def test_fine_tuning_saves_write_only_the_chunks_no_earlier_save_had(tmp_path):
             assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
     finally:
         m.close()
+
+
+@pytest.mark.mount
+def test_a_copy_fits_a_pool_that_could_not_hold_its_bytes_twice(tmp_path):
+    """A write near full is refused only once the chunks waiting to drain are known not to share:
+    a copy of a file that fills most of the pool fits (each refusal waits for the drain to hash
+    what is queued), while a file of new bytes the same size still gets ENOSPC."""
+    import errno
+    import shutil
+    m = CkptMount(tmp_path, extra=("--dedupe", "on"), memory="256M", ndev=2, dev_size=100 << 20)
+    m.mount()
+    st = os.statvfs(m.path)
+    size = st.f_blocks * st.f_frsize * 2 // 3
+    data = os.urandom(size - 777)
+    try:
+        (m.path / "step1.pt").write_bytes(data)
+        durable(m)
+        used = m.status()["pool"]["used"]
+        shutil.copyfile(m.path / "step1.pt", m.path / "last.pt")
+        durable(m)
+        assert m.status()["pool"]["used"] == used
+        assert (m.path / "last.pt").read_bytes() == data
+        with pytest.raises(OSError) as e:
+            (m.path / "new.pt").write_bytes(os.urandom(len(data)))
+        assert e.value.errno == errno.ENOSPC
+        os.unlink(m.path / "new.pt")
+        m.kill()
+        m.mount()
+        assert (m.path / "last.pt").read_bytes() == data and (m.path / "step1.pt").read_bytes() == data
+    finally:
+        m.close()

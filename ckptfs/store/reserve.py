@@ -31,6 +31,10 @@ chunk at its size; a grown one at its new size, its old size still counted),
 and a refusal always counts again first. A chunk that needs space again
 after the count (its extent released, or a drain's copy of it gone stale or
 failed) drops the kept count (`changed`).
+
+A chunk counts before the drain has hashed it, so with --dedupe on one that
+will share an extent needs room until then: a refused write waits while the
+drain takes what is queued, then checks again (store.py `wait_for_room`).
 """
 from __future__ import annotations
 

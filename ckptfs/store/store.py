@@ -471,14 +471,22 @@ class Store:
     async def wait_for_room(self, devices_full: bool = False) -> bool:
         """Wait until the arena may have a free slot; False when it never will (devices full)."""
         if devices_full:
-            # a delete still on its way to the journal may free device space: give it a moment
-            free, pending = self.alloc.free_units(), len(self.log.pending)
-            if not pending:
+            # a delete still on its way to the journal may free device space, and (--dedupe on) a
+            # chunk waiting to drain may turn out to share an extent and need none: the drain
+            # goes now, and the write tries again once either moved (until neither can)
+            free, pending, draining = self.alloc.free_units(), len(self.log.pending), self._draining()
+            if not pending and not draining:
                 return False
+            if draining:
+                self.drainer.open_gate()
+
+            def moved() -> bool:
+                return (self.alloc.free_units() > free or len(self.log.pending) < pending
+                        or self._draining() < draining)
             with trio.move_on_after(2):
-                while self.alloc.free_units() <= free and len(self.log.pending) >= pending:
+                while not moved():
                     await self.progress.park()
-            return self.alloc.free_units() > free or len(self.log.pending) < pending
+            return moved()
         if self.arena.free_slots or self.lru:
             return True
         queued = self.drainer.queued()
@@ -488,6 +496,10 @@ class Store:
             raise StoreFailing(self.last_error)
         await self.progress.park()
         return True
+
+    def _draining(self) -> int:
+        """Chunks the drain has or will take that may yet share an extent (0 with --dedupe off)."""
+        return self.drainer.queued() + self.drainer.in_flight if self.dedupe is not None else 0
 
     async def sync(self, ino: int | None = None) -> None:
         """fsync(ino) / syncfs (ino None): return once the data and all records before it are durable."""
