@@ -54,10 +54,7 @@ class Devices:
             if throttle:
                 self.cgroup = BLKIO / f"ckptfs-bench-{os.getpid()}"
                 self.cgroup.mkdir(exist_ok=True)
-                for loop_dev in self.loops:
-                    rdev = os.stat(loop_dev).st_rdev
-                    (self.cgroup / "blkio.throttle.write_bps_device").write_text(
-                        f"{os.major(rdev)}:{os.minor(rdev)} {throttle}")
+                self.limit(throttle)
         except BaseException:
             self.close()
             raise
@@ -65,6 +62,12 @@ class Devices:
     @property
     def paths(self) -> list[str]:
         return self.loops or [str(p) for p in self.files]
+
+    def limit(self, bps: int) -> None:
+        """Set every device's write limit to `bps` (0: none); only with a throttle at creation."""
+        for loop_dev in self.loops:
+            rdev = os.stat(loop_dev).st_rdev
+            (self.cgroup / "blkio.throttle.write_bps_device").write_text(f"{os.major(rdev)}:{os.minor(rdev)} {bps}")
 
     def confine(self, pid: int) -> None:
         if self.cgroup is not None:

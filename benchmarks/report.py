@@ -235,10 +235,12 @@ def incremental_md(d: dict) -> str:
              fs(s[mode][kind]["upload_fraction"]), fs(s[mode][kind]["repeat"]), fs(s[mode][kind]["blocked"]),
              fs(s[mode][kind]["durable"]), f"{s[mode][kind]['daemon_cpu_per_gib']:.2f}",
              f"{s[mode][kind].get('uploader_cpu_per_gib', float('nan')):.2f}"]
-            for kind in ("finetune", "copy", "full") for mode in ("off", "on")]
+            for kind in ("finetune", "throttled", "copy", "full") if kind in s["on"] for mode in ("off", "on")]
     rows.append(["restore", "on", "tree", "–", fs(s["restore"]["upload_fraction"]), "–", "–", "–", "–", "–"])
     return (f"{a['layers']} Linear layers of 4096 x 4096, {a['trainable']} trained with Adam, a `torch.save` of "
-            f"model and optimizer every step under a new name (the first save of a round is not counted); then a "
+            f"model and optimizer every step under a new name (the first save of a round is not counted); "
+            f"throttled: {a.get('throttled_steps', 0)} more of them with each device's writes limited to "
+            f"{a.get('throttle', 0) / 2**20:.0f} MiB/s (devices, not the absorb, bound their time to durable); then a "
             f"copy of the newest inside the mount, one save with every layer trained, and a fresh pool restored "
             f"from the store; each with `--dedupe off` and `on`. Device and upload: bytes written or uploaded per "
             f"save as a fraction of its size. Repeat: the fraction of its chunks whose bytes an earlier chunk "
