@@ -26,11 +26,11 @@ read back from the mount, the fraction of the file's pool-sized chunks whose byt
 of an earlier save or an earlier chunk of the same file (BLAKE2b-256): what a dedupe of fixed
 chunks at the pool's chunk size could skip at most (`repeat`). Ratios on / off, round by round:
 blocked and durable time of the fine-tuning (unthrottled and throttled) and the full-training
-saves. The targets are the issue's; its time to durable (<= 0.4x) is a device-bound target, met
-or not on the throttled saves, while on the unthrottled pool here absorbing the bytes takes
-longer than draining them either way, so there dedupe must only cost no time (<= 1.05x). The restore runs with dedupe on only: a restored pool names each file it brought back
-unchanged by the version it came from, whose segments the store holds, so it uploads none of
-them again, either way. Uploads are by 4 MiB segment named by content (replicate/segments.py),
+saves. The targets are the issue's; its time to durable (<= 0.4x) needs devices that bound it,
+so it is judged on the throttled saves, while on the unthrottled pool here the absorb takes
+longer than the drain either way and dedupe must cost no time (<= 1.05x). The restore runs with
+dedupe on only: a restored pool names each file it brought back unchanged by the version it
+came from, whose segments the store holds, so it uploads none of them again, either way. Uploads are by 4 MiB segment named by content (replicate/segments.py),
 with dedupe on or off: off, the daemon reads each new version and the uploader process hashes
 it to name its segments.
 
