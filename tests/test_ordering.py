@@ -149,6 +149,28 @@ def test_a_newer_close_voids_the_older_atomically():
     assert ops(commit(log)) == ["make", "make", "content"]  # the first content never reaches the journal
 
 
+def test_idle_until_the_record_a_take_stopped_at_is_ready_or_something_is_voided():
+    log, _, _ = new_log()
+    assert log.idle()  # nothing pending: the store's wake-ups skip the committer
+    log.record(Make(ROOT, b"f", REG, 0, 0, 0, b"", 2, 1))
+    chunks, _ = close(log, 2, nchunks=3)
+    assert not log.idle()  # not looked at yet
+    assert log.take_batch(1 << 20) == []
+    assert log.idle()  # stalled on the close: a drain trip that leaves a chunk undrained changes nothing
+    chunks[0].drain()
+    chunks[1].drain()
+    assert log.idle()
+    chunks[2].drain()
+    assert not log.idle()
+    assert ops(commit(log)) == ["make", "content"]
+    assert log.idle()
+    newer, _ = close(log, 2)
+    assert log.take_batch(1 << 20) == [] and log.idle()
+    close(log, 2, drained=True)  # voids the newer one: the stall is over without its drain
+    assert not log.idle()
+    assert ops(commit(log)) == ["content"]
+
+
 def test_a_batch_ends_before_a_group_still_open_however_long_the_ready_prefix():
     log, _, _ = new_log()
     log.record(Make(ROOT, b"d0", DIR, 0, 0, 0, b"", 10, 1))  # alone: may go

@@ -159,10 +159,8 @@ class CommitLog:
     def take_batch(self, budget: int) -> list[Pending]:
         """The longest prefix of pending records that can go in one frame now (about `budget`
         bytes at most, unless one atomic group needs more); marks it in flight."""
-        stalled = self._stalled
-        if (stalled is not None and stalled[1:] == (self.records_voided, self.committed)
-                and not stalled[0].ready()):
-            return []  # (only a void, a commit or the blocker's drain can let records go)
+        if self._still_stalled():
+            return []
         batch: list[Pending] = []
         need = -1  # the last index of every group begun so far
         size = 0
@@ -184,6 +182,17 @@ class CommitLog:
         if batch:
             self.in_flight = max(self.in_flight, batch[-1].index)
         return batch
+
+    def idle(self) -> bool:
+        """`take_batch` would find nothing now: nothing pending, or still stalled (below)."""
+        return not self.pending or self._still_stalled()
+
+    def _still_stalled(self) -> bool:
+        """The record the last `take_batch` stopped at is still not ready, and nothing was voided
+        or committed since: only a void, a commit or that record's drain can let records go."""
+        stalled = self._stalled
+        return (stalled is not None and stalled[1:] == (self.records_voided, self.committed)
+                and not stalled[0].ready())
 
     def committed_batch(self, batch: list[Pending]) -> list:
         """The batch is on the devices: drop it; returns the chunks its commits held (to unpin)."""

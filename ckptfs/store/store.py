@@ -399,9 +399,12 @@ class Store:
 
     def wake(self) -> None:
         """Something moved (a drain, a commit, a free): waiters look again, the committer too
-        (each only if parked: waiters check and park in one step of the trio thread)."""
+        (each only if parked: waiters check and park in one step of the trio thread), unless it
+        would find nothing to commit (a save's close waits for all its chunks: without this,
+        every drain trip woke the committer for nothing)."""
         self.loop.unpark(self.progress)
-        self.committer.wake()
+        if not self.log.idle():
+            self.committer.wake()
 
     async def retry_later(self, error: FsError, inos=(), what: str = "") -> None:
         """The one retry policy of drain and journal failures: say so (log, last_error, the files'
