@@ -258,6 +258,46 @@ def test_read_ahead_of_a_file_sharing_every_other_chunk_takes_one_thread_job_per
     d2.kill()
 
 
+def test_reads_before_the_trio_thread_runs_ask_for_read_ahead_once():
+    """Reads in FUSE workers call `read_ahead` before the trio thread starts any load: they ask
+    it once, for the furthest window reached, and the chunks it starts count as fetching at
+    once, so later reads neither ask for them again nor load them twice."""
+    from types import SimpleNamespace
+
+    from ckptfs.format.records import Extent
+    from ckptfs.fs.filemap import Chunk
+    from ckptfs.store.drain import Drainer
+
+    cs = 1 << 20
+    queued, started = [], []
+
+    def soon(fn, *args):  # as LoopLock.soon from another thread: an argument-less call is queued once
+        if args or (fn, ()) not in queued:
+            queued.append((fn, args))
+
+    host = SimpleNamespace(
+        devices=[None, None], chunk_size=cs, arena=SimpleNamespace(nslots=4096, free_slots=4096),
+        alloc=SimpleNamespace(per_unit=1), evictable=lambda: 0,
+        loop=SimpleNamespace(soon=soon))
+    drainer = Drainer(host, queue_depth=2)
+    drainer.nursery = SimpleNamespace(start_soon=lambda fn, batch, events: started.append(batch))
+    data = SimpleNamespace(chunks={})
+    for idx in range(200):  # on the devices only, striped, consecutive units on each
+        data.chunks[idx] = c = Chunk(None, 7, idx)
+        c.extent = Extent(idx % 2, idx // 2, cs, 0)
+    for idx in range(40):  # the reads of 40 chunks, before the trio thread runs
+        drainer.read_ahead(data, idx)
+    assert len(queued) == 1  # one call queued for the trio thread
+    fn, args = queued.pop()
+    fn(*args)
+    loaded = [c.idx for batch in started for c in batch]
+    assert sorted(loaded) == list(range(40, 40 + drainer.readahead))  # the furthest window, each chunk once
+    assert all(id(data.chunks[i]) in drainer.fetching for i in loaded)
+    for idx in range(40, 60):  # reads inside that window: nothing more to ask
+        drainer.read_ahead(data, idx)
+    assert not queued
+
+
 @pytest.mark.parametrize("closed", [False, True], ids=["draining", "draining-and-committed"])
 def test_a_shifted_first_piece_adopted_over_a_chunk_being_drained(closed):
     """The native engine's shifted run adopts the rest of a chunk (FileData.adopt, `at`) whose

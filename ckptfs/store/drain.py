@@ -113,6 +113,7 @@ class Drainer:
         self.ready: list[OrderedDict[int, Chunk]] = [OrderedDict() for _ in range(n)]
         self.flying: dict[int, list[Chunk]] = {}  # id -> a batch taken by a worker (its chunks are busy)
         self.fetching: dict[int, trio.Event] = {}  # id(chunk) -> set when its fetch ends
+        self.ahead: dict[int, tuple] = {}  # id(file data) -> (its data, the furthest chunk read) (read_ahead)
         self.gate = trio.Event()  # workers pass only while it is set (see gatekeeper)
         self.gate.set()
         self.last_write = -1.0  # time.monotonic() of the last write into the arena (any thread writes it)
@@ -433,7 +434,9 @@ class Drainer:
         """Sequential reads: keep the next `readahead` chunks loading, in parallel across devices.
 
         Checked on every read but cheap: it acts only when the chunk half a window ahead is
-        still on the devices, and only while the arena has room to spare.
+        still on the devices, and only while the arena has room to spare. The trio thread starts
+        the loads; the reads until it runs (in every FUSE worker) ask once, for the furthest
+        window they reached.
         """
         if self.nursery is None:
             return
@@ -442,10 +445,18 @@ class Drainer:
             return
         if self.host.arena.free_slots + self.host.evictable() < 2 * self.readahead:
             return
-        chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + self.readahead))
-                  if c is not None and self._missing(c)]
-        if chunks:
-            self.host.loop.soon(self._prefetch, chunks)
+        asked = self.ahead.get(id(data))
+        if asked is None or asked[1] < idx:
+            self.ahead[id(data)] = (data, idx)
+        self.host.loop.soon(self._read_ahead_asked)  # (queued once until it runs)
+
+    def _read_ahead_asked(self) -> None:
+        asked, self.ahead = self.ahead, {}
+        for data, idx in asked.values():
+            chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + self.readahead))
+                      if c is not None and self._missing(c)]
+            if chunks:
+                self._prefetch(chunks)
 
     def _prefetch(self, chunks: list[Chunk]) -> None:
         """Start loading `chunks`: one task and one `preadv` per run of consecutive units on a
@@ -462,35 +473,44 @@ class Drainer:
         short: dict[int, list[Chunk]] = {}
         for run in runs:
             if 2 * len(run) >= self.fetch_run:
-                self.nursery.start_soon(self._prefetch_batch, run)
+                self._start_prefetch(run)
                 continue
             batch = short.setdefault(run[0].extent.dev, [])
             batch += run
             if len(batch) >= self.fetch_run:
-                self.nursery.start_soon(self._prefetch_batch, short.pop(run[0].extent.dev))
+                self._start_prefetch(short.pop(run[0].extent.dev))
         for batch in short.values():
-            self.nursery.start_soon(self._prefetch_batch, batch)
+            self._start_prefetch(batch)
 
     def _follows(self, prev: Extent, ext: Extent) -> bool:
         """Does `ext` start where the whole chunk at `prev` ends, on the same device (one read)?"""
         return (ext.dev == prev.dev and ext.unit == prev.unit + self.host.alloc.per_unit
                 and round_up(prev.length) == self.host.chunk_size)
 
-    async def _prefetch_batch(self, batch: list[Chunk]) -> None:
+    def _start_prefetch(self, batch: list[Chunk]) -> None:
+        """A task to load `batch`, its chunks counted as fetching from now on, not from when the
+        task starts: reads meanwhile neither ask for them again nor fetch them twice."""
+        events = [trio.Event() for _ in batch]
+        for c, done in zip(batch, events):
+            self.fetching[id(c)] = done
+        self.nursery.start_soon(self._prefetch_batch, batch, events)
+
+    async def _prefetch_batch(self, batch: list[Chunk], events: list[trio.Event]) -> None:
         try:
-            if len(batch) == 1:
-                await self._fetch_one(batch[0])
-            else:
-                await self._fetch_batch(batch)
+            await self._fetch_batch(batch)
         except Exception as e:  # noqa: BLE001 - the read that needs it will retry and report
             log.debug("read-ahead of inode %d chunks %s failed: %s", batch[0].ino, [c.idx for c in batch], e)
+        finally:
+            for c, done in zip(batch, events):
+                del self.fetching[id(c)]
+                done.set()
 
     async def _fetch_batch(self, batch: list[Chunk]) -> None:
-        """Load chunks of one device, in unit order, with one worker-thread job: one read per run
-        of consecutive units (read-ahead only: a chunk that changed meanwhile is dropped, and it
-        takes only slots free now, never waits)."""
+        """Load chunks of one device (marked fetching by the caller), in unit order, with one
+        worker-thread job: one read per run of consecutive units (read-ahead only: a chunk that
+        changed meanwhile is dropped, and it takes only slots free now, never waits)."""
         h = self.host
-        batch = [c for c in batch if self._missing(c)]  # still: another fetch may have started meanwhile
+        batch = [c for c in batch if c.slot is None and c.extent is not None]  # (still: a write may have come)
         slots = []
         try:
             for _ in batch:
@@ -506,34 +526,26 @@ class Drainer:
             for slot in slots:
                 h.arena.free(slot)
             return
-        events = [trio.Event() for _ in batch]
-        for c, done in zip(batch, events):
-            self.fetching[id(c)] = done
+        views = [h.arena.view(slot)[:round_up(e.length)] for slot, e in zip(slots, exts)]
+        runs: list[tuple[list, list, int]] = []
+        for i, (e, v) in enumerate(zip(exts, views)):
+            if not i or not self._follows(exts[i - 1], e):
+                runs.append(([], [], h.sbs[dev].unit_offset(e.unit)))
+            runs[-1][0].append(v)
+            runs[-1][1].append(e.length)
         try:
-            views = [h.arena.view(slot)[:round_up(e.length)] for slot, e in zip(slots, exts)]
-            runs: list[tuple[list, list, int]] = []
-            for i, (e, v) in enumerate(zip(exts, views)):
-                if not i or not self._follows(exts[i - 1], e):
-                    runs.append(([], [], h.sbs[dev].unit_offset(e.unit)))
-                runs[-1][0].append(v)
-                runs[-1][1].append(e.length)
-            try:
-                crcs = await trio.to_thread.run_sync(_read_runs_and_checksum, h.devices[dev], runs,
-                                                     limiter=h.limiters[dev])
-            except DeviceError:
-                h.stats[dev].failed()
-                for slot in slots:
-                    h.arena.free(slot)
-                raise
-            h.stats[dev].read(sum(len(v) for v in views))
-            for c, e, slot, crc in zip(batch, exts, slots, crcs):
-                if not self._place(c, e, slot, crc):
-                    log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
-                              "it fetches it again and reports)", c.ino, c.idx)
-        finally:
-            for c, done in zip(batch, events):
-                del self.fetching[id(c)]
-                done.set()
+            crcs = await trio.to_thread.run_sync(_read_runs_and_checksum, h.devices[dev], runs,
+                                                 limiter=h.limiters[dev])
+        except DeviceError:
+            h.stats[dev].failed()
+            for slot in slots:
+                h.arena.free(slot)
+            raise
+        h.stats[dev].read(sum(len(v) for v in views))
+        for c, e, slot, crc in zip(batch, exts, slots, crcs):
+            if not self._place(c, e, slot, crc):
+                log.debug("read-ahead: checksum mismatch in inode %d chunk %d (the read that needs "
+                          "it fetches it again and reports)", c.ino, c.idx)
 
     async def _fetch_one(self, chunk: Chunk) -> None:
         key = id(chunk)
