@@ -74,8 +74,8 @@ def daemon_cpu(pid: int) -> tuple[float, float]:
 
 def thread_user(pid: int) -> dict[int, tuple[str, float]]:
     """Each live thread of `pid`: (its role, user CPU seconds so far). Names as the kernel keeps them:
-    the FUSE workers "ckptfs-fuse N", the trio thread the process name, the worker threads
-    "ckptfs-io N" (tasks.Workers; trio's own, for the rest, "Trio thread N")."""
+    the FUSE workers "ckptfs-fuse N", the trio thread the process name, trio's worker threads
+    "Trio thread N" (or the job's name)."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:

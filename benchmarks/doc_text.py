@@ -292,7 +292,7 @@ splits the interpreter-lock time by thread.
   straight into arena slots and write each READ reply from them (the
   kernel's copy, in their `readv` and `writev`, with the GIL released) and
   serve requests that need no wait under the loop lock; the trio thread does
-  the bookkeeping (drain batches, commits, wake-ups); the worker threads do
+  the bookkeeping (drain batches, commits, wake-ups); trio's worker threads do
   the O_DIRECT `pwritev` and `preadv` and the crc32c of every chunk written or
   fetched (`_checksum_and_write_runs`, `_read_run_and_checksum` in
   ckptfs/store/drain.py). The split by thread on the 2-core VM is in

@@ -35,7 +35,6 @@ from .fs.arena import Arena
 from .fs.core import Filesystem
 from .fs.facade import AsyncFilesystem, Backend
 from .fs.namespace import ROOT_INO
-from .fuse.kernel.mount import name_thread
 from .fuse.native import NativeEngine
 from .fuse import pyfuse3_engine
 from .fuse.pyfuse3_engine import Pyfuse3Engine
@@ -51,7 +50,6 @@ from .replicate.tree import SourceError, load_manifest
 from .replicate.priority import DEFAULT_PRIORITY
 from .store.pool import format_pool, live_namespace, open_pool, recover, upgrade_superblocks
 from .store.store import DEFAULT_MAX_LAG, DURABLE, Store
-from .tasks import WORKERS
 
 log = logging.getLogger("ckptfs.daemon")
 REPLICATED = "replicated"  # user.ckptfs.state of a durable file named in a standing manifest
@@ -308,7 +306,6 @@ def _start_metrics(cfg: MountConfig):
 
 def serve(cfg: MountConfig) -> int:
     """Run the daemon in the foreground until unmounted; the exit status."""
-    WORKERS.namer = name_thread  # its device-call threads show as "ckptfs-io N" (top -H, /proc)
     path = socket_path(cfg.mountpoint)
     try:
         mount = assemble(cfg, extra_xattrs={

@@ -1,20 +1,14 @@
-"""Small trio helpers: `gather` for the store's tasks, `in_threads` and `in_thread` for blocking
-calls (in `Workers` threads), `LoopLock` for threads that share the trio thread's state."""
+"""Small trio helpers: `gather` for the store's tasks, `in_threads` for blocking calls made at
+once, `LoopLock` for threads that share the trio thread's state."""
 from __future__ import annotations
 
-import _thread
 import functools
-import logging
-import os
-import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import outcome
 import trio
-
-log = logging.getLogger("ckptfs.tasks")
 
 
 async def gather(calls: list[tuple]) -> None:
@@ -34,62 +28,12 @@ async def gather(calls: list[tuple]) -> None:
         raise errors[0]
 
 
-class Workers:
-    """Threads for the store's blocking calls (device I/O, checksums), started as needed and
-    never stopped: an idle one waits for its next job for as long as the process lives.
-
-    trio's own thread cache stops a thread after 10 s idle, and starting one blocks the caller
-    until the new thread runs (`Thread.start`): on the trio thread, while FUSE workers held
-    the interpreter lock, 3.5 ms per thread, ~16 threads at each save that followed a pause
-    (a mount over 2 devices, 2-core VM, `benchmarks/probes/triotasks.py`).
-    `_thread.start_new_thread` returns at once. At most as many threads as calls ever ran at
-    once: the per-device limiters bound the store's."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0  # threads done with a job that no call has claimed since
-        self.started = 0
-        self.namer = None  # namer("ckptfs-io N") names each new thread for the OS (the daemon sets it)
-
-    def start_soon(self, fn, deliver) -> None:
-        """`deliver(outcome.capture(fn))` in an idle thread, else a new one; returns at once."""
-        with self._lock:
-            new = not self._idle
-            if new:
-                self.started += 1
-                n = self.started
-            else:
-                self._idle -= 1
-        self._jobs.put((fn, deliver))
-        if new:
-            _thread.start_new_thread(self._work, (n,))
-
-    def _work(self, n: int) -> None:
-        if self.namer is not None:
-            self.namer(f"ckptfs-io {n}")  # (its comm: what top, /proc and the benchmarks show)
-        while True:
-            fn, deliver = self._jobs.get()
-            result = outcome.capture(fn)
-            del fn
-            with self._lock:
-                self._idle += 1  # (before deliver: a call it leads to may take this thread)
-            try:
-                deliver(result)
-            except Exception:  # noqa: BLE001 - the thread stays: it is counted idle
-                log.exception("a worker thread's result could not be delivered")
-
-
-WORKERS = Workers()
-os.register_at_fork(after_in_child=WORKERS.__init__)  # a child has none of the parent's threads
-
-
 async def in_threads(calls: list[tuple]) -> list[outcome.Outcome]:
-    """Run blocking `(fn, *args)` calls at once, each in a `WORKERS` thread; the outcome of each,
-    in order. The task wakes once, when the last call returns: a `trio.to_thread.run_sync` per
-    call (in `gather`) costs the trio thread a task, a thread hop and a scheduler pass per
-    call. Like `to_thread.run_sync`, it cannot be cancelled while the calls run (they are not
-    abandoned)."""
+    """Run blocking `(fn, *args)` calls at once, each in a worker thread of trio's cache; the
+    outcome of each, in order. The task wakes once, when the last call returns: a
+    `trio.to_thread.run_sync` per call (in `gather`) costs the trio thread a task, a thread
+    hop and a scheduler pass per call. Like `to_thread.run_sync`, it cannot be cancelled
+    while the calls run (they are not abandoned)."""
     if not calls:
         return []
     task = trio.lowlevel.current_task()
@@ -107,20 +51,9 @@ async def in_threads(calls: list[tuple]) -> list[outcome.Outcome]:
             token.run_sync_soon(trio.lowlevel.reschedule, task)
 
     for i, (fn, *args) in enumerate(calls):
-        WORKERS.start_soon(functools.partial(fn, *args), functools.partial(deliver, i))
+        trio.lowlevel.start_thread_soon(functools.partial(fn, *args), functools.partial(deliver, i))
     await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
     return results
-
-
-async def in_thread(fn, *args, limiter: trio.CapacityLimiter | None = None):
-    """`fn(*args)` in a `WORKERS` thread, holding a token of `limiter` if given (a cancel takes
-    effect while it waits for one); its result, or its exception raised here."""
-    if limiter is None:
-        [result] = await in_threads([(fn, *args)])
-    else:
-        async with limiter:
-            [result] = await in_threads([(fn, *args)])
-    return result.unwrap()
 
 
 HANDOFF_MAX_S = 0.005  # the longest the trio thread lets queued threads go first, per scheduler pass

@@ -1,5 +1,4 @@
-"""tasks.in_threads: blocking calls at once, one wake-up of the trio thread for all of them, in
-`Workers` threads that are started as needed and kept."""
+"""tasks.in_threads: blocking calls at once, one wake-up of the trio thread for all of them."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +7,7 @@ import time
 import outcome
 import trio
 
-from ckptfs.tasks import Workers, gather, in_thread, in_threads
+from ckptfs.tasks import gather, in_threads
 
 
 class Passes(trio.abc.Instrument):
@@ -79,51 +78,3 @@ def test_a_cancel_waits_for_the_calls_then_takes_effect():
 
     took, cancelled = trio.run(main)
     assert done == [1] and took >= 0.2 and cancelled
-
-
-def test_workers_start_a_thread_only_when_none_is_idle_and_keep_it():
-    workers = Workers()
-    done = threading.Event()
-    got: list = []
-
-    def run(fn) -> None:  # one call, waited for
-        finished = threading.Event()
-        workers.start_soon(fn, lambda result: (got.append(result), finished.set()))
-        assert finished.wait(5)
-
-    for i in range(3):
-        run(lambda i=i: i)
-    assert [r.unwrap() for r in got] == [0, 1, 2] and workers.started == 1  # one thread, reused
-    barrier = threading.Barrier(3)
-    for _ in range(3):  # three at once: three threads, the idle one among them
-        workers.start_soon(barrier.wait, lambda result: got.append(result) or (len(got) == 6 and done.set()))
-    assert done.wait(5) and workers.started == 3
-    time.sleep(0.05)  # (each counts itself idle just before its deliver)
-    run(lambda: 1 / 0)
-    assert isinstance(got[-1], outcome.Error) and workers.started == 3
-
-
-def test_a_worker_whose_deliver_fails_stays_for_the_next_call():
-    workers = Workers()
-    workers.start_soon(lambda: 1, lambda result: 1 / 0)  # logged; the thread stays, idle
-    finished = threading.Event()
-    time.sleep(0.05)
-    workers.start_soon(lambda: 2, lambda result: finished.set())
-    assert finished.wait(5) and workers.started == 1
-
-
-def test_in_thread_returns_or_raises_and_holds_a_limiter_token_meanwhile():
-    limiter = trio.CapacityLimiter(1)
-    seen = []
-
-    async def main():
-        seen.append(await in_thread(lambda: limiter.borrowed_tokens, limiter=limiter))
-        seen.append(await in_thread(lambda x: x + 1, 41))
-        try:
-            await in_thread(_fail, limiter=limiter)
-        except ValueError:
-            seen.append("raised")
-        seen.append(limiter.borrowed_tokens)
-
-    trio.run(main)
-    assert seen == [1, 42, "raised", 0]

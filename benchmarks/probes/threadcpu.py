@@ -7,8 +7,8 @@ trainer checkpointing every step), waits until it is all durable, and prints
 the CPU seconds per GiB saved of the saving process and of the daemon, the
 daemon's split by thread name (/proc/PID/task/*/stat: the native engine's
 FUSE workers show as "ckptfs-fuse N" (kernel/mount.py name_thread); the
-trio thread as "python"; the store's worker threads, the drain's and
-the journal's, as "ckptfs-io N"), and the native engine's counts
+trio thread as "python"; trio's worker threads, the drain's and
+the journal's, as "Trio thread N"), and the native engine's counts
 of adopted, copied and realigned WRITE pieces and of waits for the loop lock
 over the measured saves. A diagnostic, not
 a `make bench` case: no targets, no results file. With `--writers 1` (the
@@ -39,8 +39,8 @@ from common import GiB, MiB, SCRATCH, file_devices, mounted, stat_user_system, s
 
 
 def thread_cpu(pid: int, split: bool = False) -> dict[str, float]:
-    """CPU seconds so far of each thread name of process `pid`, numbered names as one ("ckptfs-io
-    N": the worker threads, the drain's and the journal's); with `split`, user and
+    """CPU seconds so far of each thread name of process `pid`, numbered names as one ("Trio
+    thread N": trio's worker threads, the drain's and the journal's); with `split`, user and
     system time apart ("NAME usr", "NAME sys")."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):

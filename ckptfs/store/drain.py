@@ -48,7 +48,7 @@ from ..errors import ChecksumMismatch, DeviceError, DevicesFull, FsError, NoSpac
 from ..format.records import Extent
 from ..fs.arena import Arena
 from ..fs.filemap import Chunk
-from ..tasks import LoopLock, gather, in_thread
+from ..tasks import LoopLock, gather
 from .allocator import Allocator
 from .dedupe import ContentIndex, Flight, digest
 from .device import BlockDevice, round_up
@@ -336,7 +336,7 @@ class Drainer:
         led: list = []  # (digest, Flight) of every chunk this job writes while dedupe looks on
         try:
             try:
-                results = await in_thread(
+                results = await trio.to_thread.run_sync(
                     _checksum_and_write_runs, h.devices[dev],
                     [(views, [p.hwm for p in run], h.sbs[dev].unit_offset(run[0].unit)) for run, views in jobs],
                     h.chunk_size, h.dedupe, led, limiter=h.limiters[dev])
@@ -534,7 +534,7 @@ class Drainer:
             runs[-1][0].append(v)
             runs[-1][1].append(e.length)
         try:
-            crcs = await in_thread(_read_runs_and_checksum, h.devices[dev], runs,
+            crcs = await trio.to_thread.run_sync(_read_runs_and_checksum, h.devices[dev], runs,
                                                  limiter=h.limiters[dev])
         except DeviceError:
             h.stats[dev].failed()
@@ -568,7 +568,7 @@ class Drainer:
             view = h.arena.view(slot)
             length = round_up(ext.length)
             try:
-                [crc] = await in_thread(_read_run_and_checksum, h.devices[ext.dev], [view[:length]],
+                [crc] = await trio.to_thread.run_sync(_read_run_and_checksum, h.devices[ext.dev], [view[:length]],
                                                       [ext.length], h.sbs[ext.dev].unit_offset(ext.unit),
                                                       limiter=h.limiters[ext.dev])
             except DeviceError:

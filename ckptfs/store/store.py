@@ -32,7 +32,7 @@ All bookkeeping runs under the trio thread's `loop` lock (tasks.LoopLock): in
 the trio thread itself, or in a native FUSE worker that holds the lock for a
 request that needs no wait (fuse/native.py). So what wakes trio tasks goes
 through `loop.soon` (the store's `wake`, the committer's, the drain's queues
-and gate). Device calls run in worker threads (tasks.Workers; one CapacityLimiter per
+and gate). Device calls run in trio's worker threads (one CapacityLimiter per
 device, its queue depth) on slots marked busy.
 """
 from __future__ import annotations
