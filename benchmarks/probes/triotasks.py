@@ -2,8 +2,8 @@
 
 Mounts ckptfs over two file devices under scratch/ with a trio Instrument in
 the daemon (this script runs `ckptfs mount --foreground` itself, with
-`trio.run` wrapped: `--serve`), saves a model + Adam state dict (20
-`nn.Linear(1024, 1024)`, 240 MiB, as budget.py) `--saves` times under new
+`trio.run` wrapped: `--serve`), saves budget.py's model + Adam state dict (20
+`nn.Linear(1024, 1024)`, 240 MiB) `--saves` times under new
 names and waits until they are durable, then remounts, drops the page cache
 and `torch.load`s each. For each phase it prints, per GiB, the trio thread's
 CPU and task steps by task (trio's name: the coroutine, or
@@ -27,7 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, budget.py
+from budget import payload  # noqa: E402
 from common import GiB, SCRATCH, ckptfs, clear_dir, drop_caches, file_devices, is_mounted  # noqa: E402
 
 DUMP_EVERY = 0.1  # seconds between the daemon's dumps of its counters
@@ -121,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-    net = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(20)))
-    opt = torch.optim.Adam(net.parameters())
-    net(torch.randn(4, 1024)).sum().backward()
-    opt.step()
-    state = {"model": net.state_dict(), "optim": opt.state_dict()}
+    state = payload("adam")
 
     mp, out = args.scratch / "mnt", args.scratch / "tasks.json"
     devices = file_devices(args.scratch, 2, 8 * GiB)

@@ -453,15 +453,13 @@ class Drainer:
     def _read_ahead_asked(self) -> None:
         asked, self.ahead = self.ahead, {}
         for data, idx in asked.values():
-            chunks = [c for c in map(data.chunks.get, range(idx + 1, idx + 1 + self.readahead))
-                      if c is not None and self._missing(c)]
-            if chunks:
-                self._prefetch(chunks)
+            self._prefetch([c for c in map(data.chunks.get, range(idx + 1, idx + 1 + self.readahead))
+                            if c is not None])
 
     def _prefetch(self, chunks: list[Chunk]) -> None:
-        """Start loading `chunks`: one task and one `preadv` per run of consecutive units on a
-        device (the drain wrote them in such runs), `fetch_run` chunks at most, not a task and a
-        thread hop per chunk. Short runs (a file sharing chunks with others, --dedupe) are
+        """Start loading those of `chunks` that are `_missing`: one task and one `preadv` per run
+        of consecutive units on a device (the drain wrote them in such runs), `fetch_run` chunks
+        at most, not a task and a thread hop per chunk. Short runs (a file sharing chunks with others, --dedupe) are
         gathered per device, `fetch_run` chunks to a task and one worker-thread job (a `preadv`
         per run inside); a long run keeps a task of its own, so runs still load in parallel."""
         todo = sorted((c.extent.dev, c.extent.unit, c.idx, c) for c in chunks if self._missing(c))
@@ -510,7 +508,7 @@ class Drainer:
         worker-thread job: one read per run of consecutive units (read-ahead only: a chunk that
         changed meanwhile is dropped, and it takes only slots free now, never waits)."""
         h = self.host
-        batch = [c for c in batch if c.slot is None and c.extent is not None]  # (still: a write may have come)
+        batch = [c for c in batch if self._evicted(c)]  # (still: a write may have come)
         slots = []
         try:
             for _ in batch:
@@ -552,7 +550,7 @@ class Drainer:
         if key in self.fetching:
             await self.fetching[key].wait()
             return
-        if chunk.slot is not None or chunk.extent is None:
+        if not self._evicted(chunk):
             return
         h = self.host
         done = self.fetching[key] = trio.Event()
@@ -585,9 +583,14 @@ class Drainer:
             del self.fetching[key]
             done.set()
 
+    @staticmethod
+    def _evicted(chunk: Chunk) -> bool:
+        """On a device only: not in memory."""
+        return chunk.slot is None and chunk.extent is not None
+
     def _missing(self, chunk: Chunk) -> bool:
         """On a device only, and no fetch of it under way."""
-        return chunk.slot is None and chunk.extent is not None and id(chunk) not in self.fetching
+        return self._evicted(chunk) and id(chunk) not in self.fetching
 
     def _place(self, chunk: Chunk, ext: Extent, slot: int, crc: int) -> bool:
         """A copy of `chunk` read from `ext` into `slot`: it becomes the chunk's memory if it still is
