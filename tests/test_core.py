@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ckptfs.fs.arena import Arena
+from ckptfs.fs.prefault import fault_in
 from ckptfs.fs.core import Durability, Filesystem, setid_bits_to_drop
 from ckptfs.fs.creds import Caller, caller
 from ckptfs.errors import FsError, NoSpace, UsageError
@@ -75,6 +76,44 @@ def test_arena_double_free_breaks_invariants():
     a.free(s)
     with pytest.raises(AssertionError):
         a.check_invariants()
+
+
+def smaps_of(address: int) -> dict[str, int]:
+    """The kB figures (and THPeligible) of this process's mapping that holds `address`."""
+    fields: dict[str, int] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.split()[1].isdigit():
+                fields[head.rstrip(":")] = int(line.split()[1])
+    return fields
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fault_in_makes_every_page_resident_in_huge_pages_keeping_what_was_written(threads):
+    """Every page of the arena is resident before the first write (no faults on the absorb path),
+    the mapping is eligible for transparent huge pages where the kernel has them, and faulting a
+    mapping in keeps the bytes already in it."""
+    a = Arena(16 * (2 << 20), 2 << 20)
+    fields = smaps_of(a._base)
+    assert fields["Rss"] * 1024 >= a.capacity
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(thp) and "[never]" not in open(thp).read():
+        assert fields["THPeligible"] == 1
+    a.close()
+    m = Arena(16 * (2 << 20), 2 << 20, prefault=False)
+    written = range(0, m.nslots, 3)
+    for slot in written:
+        m.view(slot)[:1] = bytes([slot + 1])
+    fault_in(m._base, m.capacity, threads)
+    assert smaps_of(m._base)["Rss"] * 1024 >= m.capacity
+    assert [bytes(m.view(slot)[:1])[0] for slot in range(m.nslots)] == [
+        slot + 1 if slot in written else 0 for slot in range(m.nslots)]
+    m.close()
 
 
 @pytest.mark.parametrize("capacity,chunk", [(CS, CS), (8 * CS, 3000), (8 * CS, 6000), (8 * CS, 2048)])

@@ -1,9 +1,10 @@
 """The memory arena: one pre-faulted allocation carved into aligned chunks.
 
-At mount, `--memory` bytes are mapped once (anonymous mmap, MAP_POPULATE, so
-no page faults on the write path) and cut into `chunk_size` slots. The
-mapping is page-aligned and `chunk_size` is a power of two >= 4 KiB, so every
-slot is 4 KiB-aligned: a slot can be handed to an O_DIRECT write as it is.
+At mount, `--memory` bytes are mapped once (anonymous mmap, in transparent
+huge pages where the kernel has them), faulted in so that writes take no
+page faults (fs/prefault.py), and cut into `chunk_size` slots. The mapping is
+page-aligned and `chunk_size` is a power of two >= 4 KiB, so every slot is
+4 KiB-aligned: a slot can be handed to an O_DIRECT write as it is.
 
 A slot is the unit of absorb, drain and eviction. The arena only counts: it
 hands out free slot numbers and takes them back. Who waits for room, and
@@ -27,6 +28,7 @@ import mmap
 from dataclasses import dataclass
 
 from ..errors import NoSpace, UsageError
+from .prefault import ask_huge_pages, fault_in
 
 MIN_CHUNK = 4096
 DEFAULT_CHUNK = 1 << 20
@@ -57,13 +59,13 @@ class Arena:
             raise UsageError(f"memory budget {capacity} bytes is too small: need at least 2 chunks of {chunk_size} bytes")
         self.chunk_size = chunk_size
         self.nslots = nslots
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        if prefault:
-            flags |= getattr(mmap, "MAP_POPULATE", 0)
-        self._map = mmap.mmap(-1, nslots * chunk_size, flags=flags)
+        self._map = mmap.mmap(-1, nslots * chunk_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        ask_huge_pages(self._map)
         self._view = memoryview(self._map)
         self._cref = ctypes.c_char.from_buffer(self._map)  # an export of the mapping, for its address
         self._base = ctypes.addressof(self._cref)
+        if prefault:
+            fault_in(self._base, len(self._map))
         self._free: list[int] = list(range(nslots - 1, -1, -1))
         self._allocations = 0
         self._full_events = 0
