@@ -93,19 +93,19 @@ def smaps_of(address: int) -> dict[str, int]:
     return fields
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_fault_in_makes_every_page_resident_in_huge_pages_keeping_what_was_written(threads):
+@pytest.mark.parametrize("threads,slots,chunk", [(1, 16, 2 << 20), (3, 16, 2 << 20), (2, 2, 4096), (4, 3, 1 << 20)])
+def test_fault_in_makes_every_page_resident_in_huge_pages_keeping_what_was_written(threads, slots, chunk):
     """Every page of the arena is resident before the first write (no faults on the absorb path),
     the mapping is eligible for transparent huge pages where the kernel has them, and faulting a
     mapping in keeps the bytes already in it."""
-    a = Arena(16 * (2 << 20), 2 << 20)
+    a = Arena(slots * chunk, chunk)
     fields = smaps_of(a._base)
     assert fields["Rss"] * 1024 >= a.capacity
     thp = "/sys/kernel/mm/transparent_hugepage/enabled"
-    if os.path.exists(thp) and "[never]" not in open(thp).read():
+    if a.capacity >= 2 << 20 and os.path.exists(thp) and "[never]" not in open(thp).read():
         assert fields["THPeligible"] == 1
     a.close()
-    m = Arena(16 * (2 << 20), 2 << 20, prefault=False)
+    m = Arena(slots * chunk, chunk, prefault=False)
     written = range(0, m.nslots, 3)
     for slot in written:
         m.view(slot)[:1] = bytes([slot + 1])

@@ -28,7 +28,7 @@ import mmap
 from dataclasses import dataclass
 
 from ..errors import NoSpace, UsageError
-from .prefault import ask_huge_pages, fault_in
+from .prefault import ask_huge_pages, fault_in, huge_pages_length
 
 MIN_CHUNK = 4096
 DEFAULT_CHUNK = 1 << 20
@@ -59,13 +59,13 @@ class Arena:
             raise UsageError(f"memory budget {capacity} bytes is too small: need at least 2 chunks of {chunk_size} bytes")
         self.chunk_size = chunk_size
         self.nslots = nslots
-        self._map = mmap.mmap(-1, nslots * chunk_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._map = mmap.mmap(-1, huge_pages_length(nslots * chunk_size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         ask_huge_pages(self._map)
         self._view = memoryview(self._map)
         self._cref = ctypes.c_char.from_buffer(self._map)  # an export of the mapping, for its address
         self._base = ctypes.addressof(self._cref)
         if prefault:
-            fault_in(self._base, len(self._map))
+            fault_in(self._base, self.capacity)
         self._free: list[int] = list(range(nslots - 1, -1, -1))
         self._allocations = 0
         self._full_events = 0

@@ -4,9 +4,13 @@ The arena asks for transparent huge pages (MADV_HUGEPAGE). They make every
 kernel pass over it cheaper: pinning its pages for O_DIRECT and for the FUSE
 copies into and out of it, and the TLB misses of those copies (a cold 1 GiB
 read after a remount took 0.73-0.78 s instead of 0.91-1.14 s on the 2-core VM,
-docs/DESIGN.md "Huge pages").
+docs/DESIGN.md, "Why direct_io for writers").
 
-`fault_in` then faults the whole mapping in, so that no write takes a page
+The mapping's length is rounded up to whole huge pages (`huge_pages_length`:
+less than 2 MiB past the last slot, never handed out), because the kernel
+puts only such a mapping on a huge-page boundary.
+
+`fault_in` then faults the slots in, so that no write takes a page
 fault: MADV_POPULATE_WRITE over one part of the mapping per thread (up to
 `THREADS`; the calls leave the interpreter lock free). The kernel zeroes every
 page as it faults in, and where a VM's host backs guest memory only on first
@@ -23,13 +27,20 @@ import os
 import threading
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h; Python's mmap module does not name it
-PROBE = 2 << 20
+HUGE_PAGE = 2 << 20  # x86-64 and arm64 with 4 KiB pages
+PROBE = HUGE_PAGE
 THREADS = 8
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _madvise = _libc.madvise
 _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _madvise.restype = ctypes.c_int
+
+
+def huge_pages_length(length: int) -> int:
+    """`length` rounded up to whole huge pages: the kernel places only a mapping of such a length
+    on a huge-page boundary, and a mapping off it gets no huge pages."""
+    return -(-length // HUGE_PAGE) * HUGE_PAGE
 
 
 def ask_huge_pages(mapping: mmap.mmap) -> bool:
@@ -54,8 +65,10 @@ def fault_in(address: int, length: int, threads: int | None = None) -> None:
         ctypes.memset(address, 0, length)
         return
     rest = length - first
+    if rest <= 0:
+        return
     count = max(1, min(threads or os.cpu_count() or 1, THREADS, rest // PROBE or 1))
-    part = -(-rest // count // PROBE) * PROBE
+    part = -(-rest // (count * PROBE)) * PROBE
     parts = [(address + first + start, min(part, rest - start)) for start in range(0, rest, part)]
     workers = [threading.Thread(target=_populate, args=p, name="ckptfs-prefault") for p in parts[1:]]
     for w in workers:
