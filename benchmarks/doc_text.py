@@ -174,11 +174,12 @@ bandwidth into fresh pages); with pyfuse3 ckptfs also by its one
 request-serving Python thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
 serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
 however many writers there are. The native engine serves WRITEs on as many
-threads as the process has CPUs, and most of its {_num(absorb_native)} s per GiB is the
+threads as the process has CPUs. Of its {_num(absorb_native)} s per GiB, the most is the
 kernel's copy into the arena, done in each worker's `readv` with the GIL
 released (`benchmarks/probes/threadcpu.py --user-system` splits it by thread: on this
-VM 0.18-0.21 s of system time in the FUSE workers, which leaves 0.04-0.07 s
-per GiB under the 0.25 target for everything else). The 8-saver targets are for a machine
+VM 0.18-0.21 s of system time in the FUSE workers), and the drain's work during the
+saves counts too: the mounts dedupe (the default), so the BLAKE3 digest of every chunk
+(0.14-0.18 s per GiB, in worker threads outside the GIL) is in it. The 8-saver targets are for a machine
 with a core per saver (`benchmarks/node/run.sh`). Durable bandwidth over throttled loop devices is
 bounded by the blkio limit per device (the emulated NVMe speed); the raw
 O_DIRECT writer with the same block size and queue depth shows what the
