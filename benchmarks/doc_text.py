@@ -171,9 +171,8 @@ varies widely on a shared machine, so compare the plain-read column too.
 **Scale.** Aggregate absorb with N writer processes is bounded by the two
 cores shared by the writers and the daemon (and, for /dev/shm, by memory
 bandwidth into fresh pages); with pyfuse3 ckptfs also by its one
-request-serving Python thread: at {_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, one core
-serves at most ~{_num(1 / absorb_cpu if absorb_cpu else None, ".1f")} GiB/s,
-however many writers there are. The native engine serves WRITEs on as many
+request-serving Python thread, which one core bounds however many writers there are
+({_num(absorb_cpu)} daemon CPU seconds per GiB absorbed, the drain's digests below included). The native engine serves WRITEs on as many
 threads as the process has CPUs. Of its {_num(absorb_native)} s per GiB, the most is the
 kernel's copy into the arena, done in each worker's `readv` with the GIL
 released (`benchmarks/probes/threadcpu.py --user-system` splits it by thread: on this
