@@ -67,13 +67,12 @@ def fault_in(address: int, length: int, threads: int | None = None) -> None:
     rest = length - first
     if rest <= 0:
         return
-    count = max(1, min(threads or os.cpu_count() or 1, THREADS, rest // PROBE or 1))
+    count = max(1, min(threads or os.cpu_count() or 1, THREADS, rest // PROBE))
     part = -(-rest // (count * PROBE)) * PROBE
     parts = [(address + first + start, min(part, rest - start)) for start in range(0, rest, part)]
     workers = [threading.Thread(target=_populate, args=p, name="ckptfs-prefault") for p in parts[1:]]
     for w in workers:
         w.start()
-    if parts:
-        _populate(*parts[0])
+    _populate(*parts[0])
     for w in workers:
         w.join()
