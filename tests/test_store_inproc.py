@@ -282,7 +282,7 @@ def test_reads_before_the_trio_thread_runs_ask_for_read_ahead_once():
     drainer = Drainer(host, queue_depth=2)
     drainer.nursery = SimpleNamespace(start_soon=lambda fn, batch, events: started.append(batch))
     data = SimpleNamespace(chunks={})
-    for idx in range(200):  # on the devices only, striped, consecutive units on each
+    for idx in range(600):  # on the devices only, striped, consecutive units on each
         data.chunks[idx] = c = Chunk(None, 7, idx)
         c.extent = Extent(idx % 2, idx // 2, cs, 0)
     for idx in range(40):  # the reads of 40 chunks, before the trio thread runs

@@ -58,7 +58,9 @@ log = logging.getLogger("ckptfs.drain")
 # thread hop and its bookkeeping (~100-200 us of interpreter-lock time), so the larger the trip, the
 # less lock time per GiB, whatever the chunk size (docs/DESIGN.md, "The lock budget")
 BATCH_BYTES = 32 << 20  # one worker's write trip to a device: its runs of chunks, one pwritev each
-READAHEAD_BYTES = 64 << 20  # loaded ahead of a sequential reader
+# loaded ahead of a sequential reader, per device: the window refills at its half, so each device
+# gets about four FETCH_RUN_BYTES preadvs at a time (one at a time left it idle between them)
+READAHEAD_BYTES = 128 << 20
 FETCH_RUN_BYTES = 16 << 20  # read ahead with one preadv at most (longer runs keep the reader waiting)
 SLOW_DEVICE = 1e9  # bytes/s under which a device keeps draining while saves stream in
 TICK = 0.01  # seconds a partial batch of chunks may wait for more before it drains
@@ -124,7 +126,7 @@ class Drainer:
         cs, slots = host.chunk_size, host.arena.nslots
         self.batch = max(1, BATCH_BYTES // cs)  # chunks a worker takes per trip
         # chunks kept loading ahead of a reader (a quarter of the arena at most), and per preadv
-        self.readahead = max(2, min(READAHEAD_BYTES // cs, slots // 4))
+        self.readahead = max(2, min(n * READAHEAD_BYTES // cs, slots // 4))
         self.fetch_run = max(1, min(FETCH_RUN_BYTES // cs, self.readahead // 4))
 
     # ---- queues ----------------------------------------------------------------
