@@ -85,6 +85,7 @@ def BOUNDS(results: dict) -> str:  # noqa: N802 - reads as the section it fills
     read_cpu = _get(rest, "read_daemon_cpu_s_per_gib", "median")
     rest_native = _get(results, "restore", "rows", "ckptfs-native@1", default={}) or {}
     read_cpu_native = _get(rest_native, "read_daemon_cpu_s_per_gib", "median")
+    reply_cpu_native = _get(rest_native, "in_memory_read_daemon_cpu_s_per_gib", "median")
     train = results.get("training") or {}
     ckpt_mib = (_get(train, "config", "checkpoint_bytes") or 0) / 2**20
     step_daemon = _get(train, "rows", "ckptfs@1", "daemon_cpu_s", "median")
@@ -153,15 +154,18 @@ step here (the step itself takes {_num(step_base, ".3f")} s without checkpoints)
 cores that CPU is the overhead beyond the floor.
 
 **Restore.** From ckptfs each `read()` is a FUSE round trip; the daemon reads
-the chunks from the devices with O_DIRECT (read-ahead 64 MiB ahead of the
-reader, in `preadv`s of up to 16 MiB), verifies their crc32c in the same
+the chunks from the devices with O_DIRECT (read-ahead 128 MiB per device ahead
+of the reader, in `preadv`s of up to 16 MiB), verifies their crc32c in the same
 worker thread (`_read_run_and_checksum`, ckptfs/store/drain.py) and writes
 the reply from the arena slot: {_num(read_cpu)} daemon CPU seconds
 per GiB for a plain read here with pyfuse3, whose read-only opens go through
 the page cache, and {_num(read_cpu_native)} with the native engine, whose
 read-only opens are direct_io (one copy, into the reader's buffer, in READs
 of up to 16 MiB; docs/ENGINE.md, "Direct reads"). The daemon's share is
-mostly that kernel copy, which on a reader from ext4 is the reader's own.
+mostly that kernel copy, which on a reader from ext4 is the reader's own: the
+same read once more, every chunk still in memory (no device read, no crc32c),
+cost the native daemon {_num(reply_cpu_native)} s per GiB: the floor of a daemon that
+copies each reply, against the 0.3 target (docs/DESIGN.md, "The lock budget").
 From ext4 a cold read is the kernel's readahead
 from the virtio disk with no user-space hop. `torch.load` adds its own
 unpickling and a fresh allocation for every tensor on top of both; from ext4

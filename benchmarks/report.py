@@ -123,12 +123,17 @@ def restore_md(d: dict) -> str:
     for r in d["rows"].values():
         cpu = (f"{fs(r['load_daemon_cpu_s_per_gib'])} / {fs(r['read_daemon_cpu_s_per_gib'])}"
                if "load_daemon_cpu_s_per_gib" in r else "–")
+        if "in_memory_read_daemon_cpu_s_per_gib" in r:
+            cpu += f" / {fs(r['in_memory_read_daemon_cpu_s_per_gib'])}"
+
         rows.append([str(r["readers"]), r["label"], fs(r["load_s"]), fs(r["load_gbps"]), fs(r["read_gbps"]),
                      fs(r.get("mount_s")) if "mount_s" in r else "–", cpu])
     out = (f"{d['config']['bytes'] / 2**30:.2f} GiB state dict per reader, each reader its own; median of "
            f"{d['config']['repeats']} rounds; GB/s aggregate.\n\n" +
            table(["readers", "source", "torch.load (s)", "torch.load GB/s", "plain read GB/s", "remount (s)",
-                  "daemon CPU s/GiB (load / read)"], rows))
+                  "daemon CPU s/GiB (load / read / read in memory)"], rows))
+    out += ("\n\nRead in memory: the plain read again on the same mount, page cache dropped, every chunk "
+            "still in the arena (one reader): the daemon's reply alone, without device reads or crc32c.")
     out += "\n\n" + table(["ratio, round by round", "median (min–max)"],
                           [[k.replace("_", " "), fs(v)] for k, v in d["ratios"].items()])
     return out

@@ -17,7 +17,10 @@ round, for each reader count n, in rotated order:
 Every load is checked tensor by tensor against what was saved (in the
 reader). Restore speed = bytes loaded / (last end - first start); the ratio
 ckptfs / ext4 is taken round by round (target >= 1). Next to each: the
-daemon's CPU seconds per GiB served.
+daemon's CPU seconds per GiB served; for one reader also the plain read once
+more on the same mount, page cache dropped, every chunk now in the arena: no
+device read and no crc32c, so what is left is the reply (the kernel's copy
+into the reader), the floor under the cold figure.
 """
 from __future__ import annotations
 
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {(s, what, n): [] for s in systems for what in ("load", "read") for n in readers}
     cpu = {(s, what, n): [] for s in systems for what in ("load", "read") for n in readers}
     mount_s: dict[str, list[float]] = {s: [] for s in systems}
+    in_memory: dict[str, list[float]] = {s: [] for s in systems}  # daemon CPU s/GiB, 1 reader, chunks in memory
     t_start = time.perf_counter()
     try:
         for i in range(shards):
@@ -127,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                             cpu0 = proc_cpu_seconds(pid)
                             res[s, what, n].append(timed(what, dirs[s], n, size, check))
                             cpu[s, what, n].append((proc_cpu_seconds(pid) - cpu0) / (n * nbytes / GiB))
+                            if what == "read" and n == 1:  # again, every chunk in the arena now: the reply alone
+                                drop_caches()
+                                cpu0 = proc_cpu_seconds(pid)
+                                timed(what, dirs[s], n, size, False)
+                                in_memory[s].append((proc_cpu_seconds(pid) - cpu0) / (nbytes / GiB))
                     print(f"round {rnd + 1} {n} reader(s) {s:15s} torch.load {res[s, 'load', n][-1]:.3f} s, "
                           f"read {res[s, 'read', n][-1]:.3f} s", flush=True)
     finally:
@@ -146,14 +155,18 @@ def main(argv: list[str] | None = None) -> int:
                 row["mount_s"] = stats(mount_s[s])
                 for what in ("load", "read"):
                     row[f"{what}_daemon_cpu_s_per_gib"] = stats(cpu[s, what, n])
+                if n == 1:
+                    row["in_memory_read_daemon_cpu_s_per_gib"] = stats(in_memory[s])
                 for what in ("load", "read"):
                     key = f"{what}_speed_{s}_over_ext4_{n}_readers"
                     ratios[key] = pairwise(res[EXT4, what, n], res[s, what, n])
                 tgts.append(target(f"restore, {n} reader(s): torch.load speed, {s} / ext4 cold cache",
                                    ratios[f"load_speed_{s}_over_ext4_{n}_readers"]["median"], 1.0, at_most=False))
                 if n == 1:
+                    floor = row["in_memory_read_daemon_cpu_s_per_gib"]["median"]
                     tgts.append(target(f"restore, 1 reader: {s} daemon CPU s per GiB served (plain read)",
-                                       row["read_daemon_cpu_s_per_gib"]["median"], 0.3))
+                                       row["read_daemon_cpu_s_per_gib"]["median"], 0.3,
+                                       note=f"the same read with every chunk in memory: {floor:.2f}"))
             rows[f"{s}@{n}"] = row
     data = {
         "benchmark": "restore", "when": now(), "seconds": time.perf_counter() - t_start, "machine": machine(),
