@@ -125,7 +125,6 @@ def restore_md(d: dict) -> str:
                if "load_daemon_cpu_s_per_gib" in r else "–")
         if "in_memory_read_daemon_cpu_s_per_gib" in r:
             cpu += f" / {fs(r['in_memory_read_daemon_cpu_s_per_gib'])}"
-
         rows.append([str(r["readers"]), r["label"], fs(r["load_s"]), fs(r["load_gbps"]), fs(r["read_gbps"]),
                      fs(r.get("mount_s")) if "mount_s" in r else "–", cpu])
     out = (f"{d['config']['bytes'] / 2**30:.2f} GiB state dict per reader, each reader its own; median of "

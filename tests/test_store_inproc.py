@@ -258,6 +258,27 @@ def test_read_ahead_of_a_file_sharing_every_other_chunk_takes_one_thread_job_per
     d2.kill()
 
 
+def test_the_read_ahead_window_grows_with_the_devices_up_to_a_quarter_of_the_arena():
+    """READAHEAD_BYTES per device, so one reader keeps every device fetching; never more than a
+    quarter of the arena's slots."""
+    from types import SimpleNamespace
+
+    from ckptfs.store.drain import READAHEAD_BYTES, Drainer
+
+    cs = 1 << 20
+
+    def window(devices: int, slots: int) -> int:
+        host = SimpleNamespace(devices=[None] * devices, chunk_size=cs, arena=SimpleNamespace(nslots=slots))
+        return Drainer(host, queue_depth=2).readahead
+
+    per_device = READAHEAD_BYTES // cs
+    assert window(1, 1 << 16) == per_device
+    assert window(2, 1 << 16) == 2 * per_device
+    assert window(8, 1 << 16) == 8 * per_device
+    assert window(8, 256) == 64  # a 256 MiB arena: a quarter of it
+    assert window(2, 4) == 2  # the least, whatever the arena
+
+
 def test_reads_before_the_trio_thread_runs_ask_for_read_ahead_once():
     """Reads in FUSE workers call `read_ahead` before the trio thread starts any load: they ask
     it once, for the furthest window reached, and the chunks it starts count as fetching at
